@@ -1,0 +1,148 @@
+"""The one exception tree of smg_trio; names follow smg's ``error.rs`` and vLLM."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClientClosed",
+    "CodecError",
+    "DecodeError",
+    "DuplicateRequestId",
+    "EncodeError",
+    "EngineDeadError",
+    "EngineError",
+    "HandshakeError",
+    "HandshakeTimeout",
+    "InputRegistrationTimeout",
+    "InvalidDataParallelRank",
+    "RequestError",
+    "RequestStreamClosed",
+    "SmgError",
+    "SocketDirError",
+    "UnexpectedHandshakeMessage",
+    "UnsupportedField",
+    "ValidationError",
+    "WorkerAddressError",
+]
+
+
+class SmgError(Exception):
+    """Base class of every error smg_trio raises on purpose."""
+
+
+# -- codec ---------------------------------------------------------------------------------
+
+
+class CodecError(SmgError):
+    """A message could not be encoded or decoded."""
+
+
+class EncodeError(CodecError):
+    """A request could not be encoded for the engine."""
+
+
+class DecodeError(CodecError):
+    """An engine message was malformed: wrong tag, wrong shape, bad tensor, bad dtype."""
+
+
+# -- engine / transport --------------------------------------------------------------------
+
+
+class EngineError(SmgError):
+    """The engine connection failed."""
+
+
+class EngineDeadError(EngineError):
+    """The engine is gone: the ``ENGINE_CORE_DEAD`` sentinel, a transport error, a stuck send,
+    persistent decode errors, or silence while requests were in flight. Latches the client."""
+
+
+class HandshakeError(EngineError):
+    """The HELLO / INIT / READY / registration sequence failed."""
+
+
+class HandshakeTimeout(HandshakeError):
+    """No handshake message arrived within the per-stage deadline."""
+
+
+class InputRegistrationTimeout(HandshakeTimeout):
+    """An engine said READY but never registered on the input socket in time."""
+
+
+class UnexpectedHandshakeMessage(HandshakeError):
+    """A duplicate or unknown identity, a wrong status, or a malformed handshake frame."""
+
+
+class SocketDirError(EngineError):
+    """The ipc socket directory or a socket path is unsafe or unusable."""
+
+
+class WorkerAddressError(SmgError, ValueError):
+    """A worker URL or handshake override is invalid (must be ``ipc://`` / ``tcp://``)."""
+
+
+class ClientClosed(EngineError):
+    """The engine client is shutting down or its output stream ended."""
+
+
+# -- request -------------------------------------------------------------------------------
+
+
+class RequestError(SmgError):
+    """A single request was refused or ended abnormally."""
+
+
+class ValidationError(RequestError, ValueError):
+    """Client input is invalid. ``param`` names the offending OpenAI field, if any.
+
+    The gateway renders it as HTTP ``status`` with the OpenAI error envelope."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int = 400,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.status = status
+
+
+class UnsupportedField(ValidationError):
+    """The engine's wire cannot carry this field; never narrowed silently."""
+
+    def __init__(self, param: str, engine: str, detail: str = "") -> None:
+        msg = f"'{param}' is not supported over the {engine} ZMQ backend"
+        if detail:
+            msg = f"{msg}: {detail}"
+        super().__init__(msg, param=param, code="unsupported_field")
+
+
+class InvalidDataParallelRank(ValidationError):
+    """A pinned ``data_parallel_rank`` has no engine of that index."""
+
+    def __init__(self, rank: int, engine_count: int) -> None:
+        super().__init__(
+            f"data parallel rank {rank} is out of range for {engine_count} engine(s)",
+            param="data_parallel_rank",
+            code="invalid_data_parallel_rank",
+        )
+
+
+class DuplicateRequestId(RequestError):
+    """A request id is already in flight on this client; nothing was sent."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"request id {request_id!r} is already in flight")
+        self.request_id = request_id
+
+
+class RequestStreamClosed(RequestError):
+    """A request's stream ended without a terminal output; it must never look complete."""
+
+    def __init__(self, request_id: str, reason: str = "stream closed before finishing") -> None:
+        super().__init__(f"request {request_id!r}: {reason}")
+        self.request_id = request_id

@@ -1,0 +1,196 @@
+"""The engine-neutral seam: requests in, batches out, and the ``EngineProtocol`` both engines implement."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal, Protocol
+
+import msgspec
+
+__all__ = [
+    "Capabilities",
+    "EngineBatch",
+    "EngineLoad",
+    "EngineOutput",
+    "EngineProtocol",
+    "FinishReason",
+    "Frames",
+    "GenerateRequest",
+    "SamplingOptions",
+    "StructuredOutputs",
+    "TokenLogprobs",
+]
+
+#: Frames of one ZMQ multipart message (``bytes`` or zero-copy ``memoryview``/``zmq.Frame`` buffers).
+Frames = Sequence[Any]
+
+#: Engine-neutral finish reasons. vLLM ``REPETITION`` maps to ``"stop"``.
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class EngineLoad(msgspec.Struct, frozen=True, gc=False):
+    """One rank's load snapshot. ``kv_cache_usage`` is a ratio in [0, 1]."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+
+
+class TokenLogprobs(msgspec.Struct, gc=False):
+    """Logprobs for the positions of one engine tick (or a cumulative run of ticks).
+
+    Shapes: ``token_ids``/``logprobs``/``ranks`` are ``[positions]`` for the sampled (or actual
+    prompt) token; ``top_token_ids``/``top_logprobs`` are ``[positions][k]`` ranked candidates
+    (rank 1 first), empty inner lists when no top-k was requested. A ``None`` logprob marks the
+    first prompt token, which has none.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float | None]
+    ranks: list[int] | None = None
+    top_token_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+class EngineOutput(msgspec.Struct, gc=False):
+    """One request's slice of one engine step.
+
+    ``new_token_ids`` are the tokens generated this step (a delta). A non-``None``
+    ``finish_reason`` makes the output terminal; it may carry the last tokens too.
+    ``prompt_tokens``/``cached_tokens`` are set when the engine reports them;
+    ``completion_tokens`` is the engine's cumulative count when it reports one (TokenSpeed).
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    logprobs: TokenLogprobs | None = None
+    prompt_logprobs: TokenLogprobs | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class EngineBatch(msgspec.Struct, gc=False):
+    """One decoded output message of one engine.
+
+    ``finished_request_ids`` lists ids finished in this batch, including out-of-band ones
+    (vLLM ``finished_requests``). ``load`` is present only when the engine reported one.
+    ``wave_complete``/``start_wave`` are vLLM DP wave events (lockstep MoE groups only).
+    """
+
+    engine_index: int
+    outputs: list[EngineOutput]
+    finished_request_ids: list[str] = []
+    load: EngineLoad | None = None
+    wave_complete: int | None = None
+    start_wave: int | None = None
+
+
+class StructuredOutputs(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Exactly one constraint (vLLM ``StructuredOutputsParams`` keys)."""
+
+    json: Any = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+
+    def kinds(self) -> list[str]:
+        """The names of the constraints that are set."""
+        return [k for k in ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+                if getattr(self, k) is not None]
+
+
+class SamplingOptions(msgspec.Struct, kw_only=True):
+    """Engine-neutral sampling parameters, already validated by the gateway.
+
+    ``None`` means "the engine's default". ``logprobs`` is the number of top candidates per
+    position (0 = the sampled token's logprob only; ``None`` = no logprobs).
+    ``prompt_logprobs`` likewise for prompt positions. ``seed`` is in [0, 2**63).
+    """
+
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+
+
+class GenerateRequest(msgspec.Struct, kw_only=True):
+    """One single-sample generate request (n>1 is fanned out before this point).
+
+    ``eos_token_id`` is the model's primary EOS id and ``extra_eos_token_ids`` the others;
+    the vLLM module folds them into the wire (EngineCore has no tokenizer), TokenSpeed ignores
+    them (the engine stops on EOS itself).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+    eos_token_id: int | None = None
+    extra_eos_token_ids: list[int] = []
+    data_parallel_rank: int | None = None
+    stream: bool = True
+    arrival_time: float = 0.0
+
+
+class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """What one engine's wire can carry; the gateway rejects the rest with a 400 naming the field.
+
+    This is the single per-engine capability table (rendered into ``docs/capabilities.md``).
+    """
+
+    engine: str
+    max_top_logprobs: int
+    prompt_logprobs: bool
+    logit_bias: bool
+    structured_outputs: frozenset[str]
+    data_parallel_rank: bool
+    min_p: bool
+    default_max_tokens_is_remaining_context: bool
+    seed_min: int
+    seed_max: int
+
+
+class EngineProtocol(Protocol):
+    """One engine dialect. The transport and connector use only this; no runtime dispatch
+    happens per token (a client is bound to one protocol object at construction).
+    """
+
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+    def validate(self, request: GenerateRequest) -> None:
+        """Raise :class:`~smg_trio.errors.UnsupportedField` for anything the wire cannot carry."""
+
+    def encode_add(self, request: GenerateRequest) -> list[bytes]:
+        """``[type_byte, payload, *aux]`` for an ADD. Raises ``EncodeError``."""
+
+    def encode_abort(self, request_ids: Sequence[str]) -> list[bytes]:
+        """``[type_byte, payload]`` for an ABORT of ``request_ids``."""
+
+    def encode_start_wave(self, wave: int) -> list[bytes] | None:
+        """``[type_byte, payload]`` for START_DP_WAVE, or ``None`` when the engine has no waves."""
+
+    def decode_batch(self, frames: Frames) -> EngineBatch:
+        """Decode one output message (``frames[0]`` payload, aux frames after). Raises
+        ``DecodeError``. The caller checks for the death sentinel first."""

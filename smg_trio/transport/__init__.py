@@ -1,0 +1,1 @@
+"""smg_trio.transport."""
