@@ -33,7 +33,9 @@ def _numpy_dtype(name: Any) -> np.dtype[Any]:
         body = name[1:]
     kind = _KINDS.get(body)
     if kind is None:
-        raise DecodeError(f"unsupported tensor dtype {name!r} (expected i4/i8/f4 or int32/int64/float32)")
+        raise DecodeError(
+            f"unsupported tensor dtype {name!r} (expected i4/i8/f4 or int32/int64/float32)"
+        )
     return np.dtype(order + kind)
 
 
@@ -46,20 +48,28 @@ def decode_tensor(triple: Any, frames: Sequence[Any]) -> npt.NDArray[Any]:
     ``prod(shape) * itemsize``.
     """
     if not isinstance(triple, (list, tuple)) or len(triple) != 3:
-        raise DecodeError(f"tensor must be a [dtype, shape, data] triple, got {type(triple).__name__}")
+        raise DecodeError(
+            f"tensor must be a [dtype, shape, data] triple, got {type(triple).__name__}"
+        )
     dtype_name, shape, data = triple
     dtype = _numpy_dtype(dtype_name)
-    if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, (list, tuple)) or not all(
+        isinstance(d, int) and d >= 0 for d in shape
+    ):
         raise DecodeError(f"tensor shape must be a list of non-negative ints, got {shape!r}")
     if isinstance(data, int) and not isinstance(data, bool):
         if not 1 <= data < len(frames):
-            raise DecodeError(f"tensor aux frame index {data} out of range (have {len(frames) - 1} aux frames)")
+            raise DecodeError(
+                f"tensor aux frame index {data} out of range (have {len(frames) - 1} aux frames)"
+            )
         buf: Any = frames[data]
         buf = getattr(buf, "buffer", buf)  # zmq.Frame -> memoryview
     elif isinstance(data, (memoryview, bytes, bytearray)):
         buf = data
     else:
-        raise DecodeError(f"tensor data must be ext 3 bytes or an aux frame index, got {type(data).__name__}")
+        raise DecodeError(
+            f"tensor data must be ext 3 bytes or an aux frame index, got {type(data).__name__}"
+        )
     count = 1
     for d in shape:
         count *= d

@@ -143,7 +143,9 @@ def decode_ready_response(payload: Any) -> EngineCoreReadyResponse:
     ``b""``), a missing required key, a dtype other than float16/bfloat16/float32, or neither
     ``block_size`` nor ``prefix_granularity``."""
     if len(payload) == 0:
-        raise DecodeError("empty engine registration (this vLLM version is too old for the ZMQ path)")
+        raise DecodeError(
+            "empty engine registration (this vLLM version is too old for the ZMQ path)"
+        )
     resp = decode(payload, EngineCoreReadyResponse)
     if resp.block_size is None and resp.prefix_granularity is None:
         raise DecodeError("engine registration has neither block_size nor prefix_granularity")

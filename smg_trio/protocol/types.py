@@ -103,8 +103,11 @@ class StructuredOutputs(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     def kinds(self) -> list[str]:
         """The names of the constraints that are set."""
-        return [k for k in ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
-                if getattr(self, k) is not None]
+        return [
+            k
+            for k in ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+            if getattr(self, k) is not None
+        ]
 
 
 class SamplingOptions(msgspec.Struct, kw_only=True):

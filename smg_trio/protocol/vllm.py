@@ -1,0 +1,356 @@
+"""vLLM EngineCore wire: ``EngineCoreRequest`` out, ``EngineCoreOutputs`` in (vLLM 0.32, tolerant).
+
+Wire source: ``vllm/v1/engine/__init__.py`` (``EngineCoreRequest``, ``EngineCoreOutput(s)``,
+``FinishReason``, ``EngineCoreRequestType``), ``vllm/sampling_params.py``,
+``vllm/v1/outputs.py`` (``LogprobsLists``/``LogprobsTensors``), ``vllm/v1/serial_utils.py``
+(tensor triple) and ``vllm/v1/metrics/stats.py`` (``SchedulerStats``), vLLM 0.32.0; field order
+as decoded by smg 1.13.0 ``crates/engine_zmq_client/src/protocol/vllm``. Positional structs are
+append-only upstream: decoders default missing trailing fields and ignore extra ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import msgspec
+
+from smg_trio.codec.msgpack import decode, encoder
+from smg_trio.codec.tensor import decode_tensor
+from smg_trio.errors import DecodeError, UnsupportedField, ValidationError
+from smg_trio.protocol.types import (
+    Capabilities,
+    EngineBatch,
+    EngineLoad,
+    EngineOutput,
+    FinishReason,
+    Frames,
+    GenerateRequest,
+    SamplingOptions,
+    StructuredOutputs,
+    TokenLogprobs,
+)
+
+__all__ = [
+    "ABORT",
+    "ADD",
+    "START_DP_WAVE",
+    "UTILITY",
+    "EngineCoreOutput",
+    "EngineCoreOutputs",
+    "EngineCoreRequest",
+    "FinishReasonCode",
+    "PrefillStats",
+    "SchedulerStats",
+    "VllmProtocol",
+    "build_sampling_params",
+    "decode_outputs",
+    "resolve_logprobs",
+]
+
+log = logging.getLogger(__name__)
+
+# EngineCoreRequestType: one raw byte, its own frame ahead of the payload.
+ADD = b"\x00"
+ABORT = b"\x01"
+START_DP_WAVE = b"\x02"
+UTILITY = b"\x03"
+
+
+class FinishReasonCode:
+    """vLLM ``FinishReason`` (IntEnum)."""
+
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+    REPETITION = 4
+
+
+_FINISH: dict[int, FinishReason] = {0: "stop", 1: "length", 2: "abort", 3: "error", 4: "stop"}
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, kw_only=True):
+    """The ADD payload: 22 positional fields (newest layout; 0.32 engines accept all 22)."""
+
+    request_id: str
+    prompt_token_ids: list[int] | None = None
+    mm_features: Any = None
+    sampling_params: dict[str, Any] | None = None
+    pooling_params: Any = None
+    arrival_time: float = 0.0
+    lora_request: Any = None
+    cache_salt: str | None = None
+    data_parallel_rank: int | None = None
+    prompt_embeds: Any = None
+    prompt_is_token_ids: Any = None
+    client_index: int = 0
+    current_wave: int = 0
+    priority: int = 0
+    trace_headers: dict[str, str] | None = None
+    resumable: bool = False
+    external_req_id: str | None = None
+    reasoning_ended: bool | None = None
+    reasoning_parser_kwargs: dict[str, Any] | None = None
+    abort_immediately: bool = False
+    session_id: str | None = None
+    kv_hints: Any = None
+
+
+class PrefillStats(msgspec.Struct, gc=False):
+    """``prefill_stats`` map on the first output of a scheduled prefill (token counts)."""
+
+    num_prompt_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_local_cached_tokens: int = 0
+    num_external_cached_tokens: int = 0
+    num_cache_creation_tokens: int = 0
+
+
+class SchedulerStats(msgspec.Struct, gc=False):
+    """``scheduler_stats`` map, decoded leniently: only the three load fields are modelled,
+    every other key (there are many, and they change between versions) is skipped."""
+
+    num_running_reqs: int
+    num_waiting_reqs: int
+    kv_cache_usage: float
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
+    """One request's output of one step. 16 fields in smg's model, 18 in vLLM 0.32, 19 in 0.33;
+    all tolerated. ``finish_reason`` non-nil makes it terminal (it may carry the last tokens)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: Any = None
+    new_prompt_logprobs_tensors: Any = None
+    pooling_output: Any = None
+    finish_reason: int | None = None
+    stop_reason: int | str | None = None
+    events: Any = None
+    kv_transfer_params: Any = None
+    ec_transfer_params: Any = None
+    trace_headers: Any = None
+    prefill_stats: PrefillStats | None = None
+    routed_experts: Any = None
+    num_nans_in_logits: int = 0
+    mm_cache_miss_hashes: Any = None
+    new_sampling_mask: Any = None
+    spec_decode_metrics: Any = None
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, gc=False):
+    """The output envelope (8 fields; vLLM 0.32 appends ``weight_version`` as a 9th)."""
+
+    engine_index: int = 0
+    outputs: list[EngineCoreOutput] = []
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0
+    utility_output: Any = None
+    finished_requests: list[str] | None = None
+    wave_complete: int | None = None
+    start_wave: int | None = None
+    weight_version: Any = None
+
+
+def resolve_logprobs(wire: Any, frames: Sequence[Any]) -> TokenLogprobs:
+    """Resolve ``LogprobsLists``/``LogprobsTensors`` ``[ids, logprobs, ranks, cu?]``.
+
+    ``ids``/``logprobs`` are ``[positions, k+1]`` tensors: column 0 is the sampled (or actual
+    prompt) token with vocab rank ``ranks[row]`` (>= 1), columns 1..k the top-k candidates in
+    rank order. Raises ``DecodeError`` for a non-nil ``cu_num_generated_tokens``, a rank < 1,
+    ragged row counts, or zero columns with rows.
+    """
+    if not isinstance(wire, (list, tuple)) or len(wire) < 3:
+        raise DecodeError("logprobs must be [token_ids, logprobs, ranks, cu_num_generated_tokens?]")
+    if len(wire) > 3 and wire[3] is not None:
+        raise DecodeError("per-request logprobs must have nil cu_num_generated_tokens")
+    ids = decode_tensor(wire[0], frames)
+    lps = decode_tensor(wire[1], frames)
+    ranks = decode_tensor(wire[2], frames)
+    if ids.ndim != 2 or lps.ndim != 2 or ranks.ndim != 1:
+        raise DecodeError(f"logprobs ranks must be 2/2/1, got {ids.ndim}/{lps.ndim}/{ranks.ndim}")
+    rows = ids.shape[0]
+    if lps.shape != ids.shape or ranks.shape[0] != rows:
+        raise DecodeError(
+            f"ragged logprobs: ids {ids.shape}, logprobs {lps.shape}, ranks {ranks.shape}"
+        )
+    if rows and ids.shape[1] == 0:
+        raise DecodeError("logprobs have rows but zero columns")
+    if rows and int(ranks.min()) < 1:
+        raise DecodeError("sampled token rank must be >= 1")
+    if rows and int(ids.min()) < 0:
+        raise DecodeError("negative token id in logprobs")
+    id_rows: list[list[int]] = ids.tolist()
+    lp_rows: list[list[float]] = lps.tolist()
+    return TokenLogprobs(
+        token_ids=[r[0] for r in id_rows],
+        logprobs=[r[0] for r in lp_rows],
+        ranks=ranks.tolist(),
+        top_token_ids=[r[1:] for r in id_rows],
+        top_logprobs=[r[1:] for r in lp_rows],
+    )
+
+
+def _output(o: EngineCoreOutput, frames: Frames) -> EngineOutput:
+    fr = o.finish_reason
+    reason: FinishReason | None = None if fr is None else _FINISH.get(fr, "error")
+    out = EngineOutput(o.request_id, o.new_token_ids, reason, o.stop_reason)
+    if o.new_logprobs is not None:
+        out.logprobs = resolve_logprobs(o.new_logprobs, frames)
+    if o.new_prompt_logprobs_tensors is not None:
+        out.prompt_logprobs = resolve_logprobs(o.new_prompt_logprobs_tensors, frames)
+    ps = o.prefill_stats
+    if ps is not None:
+        out.prompt_tokens = ps.num_prompt_tokens
+        out.cached_tokens = ps.num_cached_tokens
+    return out
+
+
+def decode_outputs(frames: Frames) -> EngineBatch:
+    """Decode one ``EngineCoreOutputs`` message (frame 0, aux tensor frames after).
+
+    An envelope with only ``utility_output`` decodes to an empty batch (utility results are not
+    used). Raises ``DecodeError``.
+    """
+    env = decode(frames[0], EngineCoreOutputs)
+    stats = env.scheduler_stats
+    load = (
+        None
+        if stats is None
+        else EngineLoad(stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage)
+    )
+    outputs = [_output(o, frames) for o in env.outputs]
+    return EngineBatch(
+        env.engine_index,
+        outputs,
+        env.finished_requests or [],
+        load,
+        env.wave_complete,
+        env.start_wave,
+    )
+
+
+def _structured(so: StructuredOutputs) -> dict[str, Any]:
+    kinds = so.kinds()
+    if len(kinds) != 1:
+        raise ValidationError(
+            "exactly one structured output constraint is allowed"
+            + (f", got {', '.join(kinds)}" if kinds else ""),
+            param="response_format",
+        )
+    kind = kinds[0]
+    if kind == "json_object" and not so.json_object:
+        raise ValidationError("json_object must be true", param="response_format")
+    value = getattr(so, kind)
+    backend = "xgrammar" if kind == "structural_tag" else "guidance"
+    return {kind: value, "_backend": backend}
+
+
+def build_sampling_params(req: GenerateRequest) -> dict[str, Any]:
+    """The ``SamplingParams`` map (named keys, defaults omitted where vLLM allows).
+
+    EngineCore has no tokenizer: the primary EOS id goes in ``_eos_token_id`` and the extra EOS
+    ids join ``stop_token_ids``, both withheld with ``ignore_eos``; ``_all_stop_token_ids`` is
+    always the union (vLLM uses it to mask stops under ``min_tokens``). ``max_tokens`` must be
+    set by the caller (the gateway defaults it to the remaining context).
+    """
+    s: SamplingOptions = req.sampling
+    p: dict[str, Any] = {
+        "temperature": 1.0 if s.temperature is None else s.temperature,
+        "top_p": 1.0 if s.top_p is None else s.top_p,
+        "top_k": 0 if s.top_k is None or s.top_k < 0 else s.top_k,
+    }
+    if s.seed is not None:
+        p["seed"] = s.seed
+    p["max_tokens"] = 16 if s.max_tokens is None else s.max_tokens
+    p["min_tokens"] = s.min_tokens
+    if s.logprobs is not None:
+        p["logprobs"] = s.logprobs
+    if s.prompt_logprobs is not None:
+        p["prompt_logprobs"] = s.prompt_logprobs
+    p["min_p"] = 0.0 if s.min_p is None else s.min_p
+    p["frequency_penalty"] = s.frequency_penalty
+    p["presence_penalty"] = s.presence_penalty
+    p["repetition_penalty"] = 1.0 if s.repetition_penalty is None else s.repetition_penalty
+    stops = list(dict.fromkeys(s.stop_token_ids))
+    eos_all = [] if req.eos_token_id is None else [req.eos_token_id]
+    eos_all += req.extra_eos_token_ids
+    if not s.ignore_eos:
+        for e in req.extra_eos_token_ids:
+            if e not in stops:
+                stops.append(e)
+    p["stop_token_ids"] = stops
+    if req.eos_token_id is not None and not s.ignore_eos:
+        p["_eos_token_id"] = req.eos_token_id
+    p["_all_stop_token_ids"] = sorted(set(stops) | set(eos_all))
+    if s.logit_bias:
+        p["logit_bias"] = {int(k): float(v) for k, v in s.logit_bias.items()}
+    if s.structured_outputs is not None:
+        p["structured_outputs"] = _structured(s.structured_outputs)
+    return p
+
+
+class VllmProtocol:
+    """The vLLM EngineCore dialect (``EngineProtocol``)."""
+
+    name: ClassVar[str] = "vllm"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        engine="vllm",
+        max_top_logprobs=20,
+        prompt_logprobs=True,
+        logit_bias=True,
+        structured_outputs=frozenset(
+            {"json", "regex", "choice", "grammar", "json_object", "structural_tag"}
+        ),
+        data_parallel_rank=True,
+        min_p=True,
+        default_max_tokens_is_remaining_context=True,
+        seed_min=0,
+        seed_max=2**63 - 1,
+    )
+
+    def validate(self, request: GenerateRequest) -> None:
+        """Reject what the EngineCore wire cannot carry. Raises ``UnsupportedField`` or
+        ``ValidationError``."""
+        s = request.sampling
+        caps = self.capabilities
+        if s.logprobs is not None and s.logprobs > caps.max_top_logprobs:
+            raise UnsupportedField(
+                "top_logprobs", "vLLM", f"at most {caps.max_top_logprobs} candidates"
+            )
+        if s.seed is not None and not caps.seed_min <= s.seed <= caps.seed_max:
+            raise ValidationError(
+                f"seed must be in [{caps.seed_min}, {caps.seed_max}]", param="seed"
+            )
+        if s.structured_outputs is not None:
+            _structured(s.structured_outputs)
+        for name, value in (("temperature", s.temperature), ("top_p", s.top_p), ("min_p", s.min_p)):
+            if value is not None and not math.isfinite(value):
+                raise ValidationError(f"{name} must be finite", param=name)
+
+    def encode_add(self, request: GenerateRequest) -> list[bytes]:
+        """``[ADD, EngineCoreRequest]``. ``data_parallel_rank`` is carried as given."""
+        wire = EngineCoreRequest(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling_params=build_sampling_params(request),
+            arrival_time=request.arrival_time,
+            data_parallel_rank=request.data_parallel_rank,
+        )
+        return [ADD, encoder.encode(wire)]
+
+    def encode_abort(self, request_ids: Sequence[str]) -> list[bytes]:
+        """``[ABORT, msgpack([ids...])]``."""
+        return [ABORT, encoder.encode(list(request_ids))]
+
+    def encode_start_wave(self, wave: int) -> list[bytes] | None:
+        """``[START_DP_WAVE, msgpack([wave, nil])]`` (no excluded rank)."""
+        return [START_DP_WAVE, encoder.encode([wave, None])]
+
+    def decode_batch(self, frames: Frames) -> EngineBatch:
+        """See :func:`decode_outputs`."""
+        return decode_outputs(frames)
