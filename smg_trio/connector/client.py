@@ -1,0 +1,394 @@
+"""The engine client: one nursery per engine connection running the output loop, with
+abort-on-exit for every request (the trio replacement for Rust's ``Drop``)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import trio
+import zmq
+
+from smg_trio.connector.routing import RankRouter, WaveClock
+from smg_trio.connector.stream import RequestStream, _Entry
+from smg_trio.errors import (
+    ClientClosed,
+    DecodeError,
+    DuplicateRequestId,
+    EngineDeadError,
+)
+from smg_trio.protocol.addresses import WorkerAddresses
+from smg_trio.protocol.handshake import EngineCoreReadyResponse
+from smg_trio.protocol.types import EngineBatch, EngineLoad, EngineProtocol, GenerateRequest
+from smg_trio.transport.handshake import READY_TIMEOUT_S, EngineRegistration, run_handshake
+from smg_trio.transport.topology import BoundSockets, bind_worker_sockets
+
+__all__ = [
+    "ABORT_SEND_TIMEOUT_S",
+    "ENGINE_CORE_DEAD",
+    "ENGINE_SEND_TIMEOUT_S",
+    "ENGINE_SILENCE_DEATH_TIMEOUT_S",
+    "MAX_CONSECUTIVE_DECODE_ERRORS",
+    "EngineClient",
+    "open_engine_client",
+    "run_engine_client",
+]
+
+log = logging.getLogger(__name__)
+
+#: The single output frame a dying engine sends (vLLM ``EngineCoreProc``, TokenSpeed on close).
+ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+#: A send on the input socket that cannot complete in this time means the engine stopped
+#: reading; the socket may be mid-message, so it is fatal (smg ``ENGINE_SEND_TIMEOUT``).
+ENGINE_SEND_TIMEOUT_S = 10.0
+#: Bound on the shielded ABORT sent when a request's block exits early: cleanup must not hang
+#: a cancelled caller, and a dead engine needs no abort.
+ABORT_SEND_TIMEOUT_S = 1.0
+#: No output for this long while requests are in flight means a hard-killed or wedged engine
+#: (a bound PULL never errors when its peer vanishes). Idle silence is fine.
+ENGINE_SILENCE_DEATH_TIMEOUT_S = 300.0
+#: One undecodable message is dropped; this many in a row means the stream is garbage.
+MAX_CONSECUTIVE_DECODE_ERRORS = 3
+#: Ids retired by an abort are remembered so that an engine that registered the request late
+#: (its ABORT raced ahead of registration) is told again when its output shows up.
+_ABORTED_MEMORY = 4096
+
+
+class EngineClient:
+    """A live connection to one worker: ``len(engines)`` engines (DP ranks) on one socket set.
+
+    Create it with :func:`open_engine_client` or :func:`run_engine_client`. All methods must be
+    called from the trio thread that owns it.
+    """
+
+    def __init__(
+        self,
+        protocol: EngineProtocol,
+        sockets: BoundSockets,
+        engines: Sequence[EngineRegistration],
+        *,
+        silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
+    ) -> None:
+        self.protocol = protocol
+        self.engines = list(engines)
+        self._sockets = sockets
+        self._identities = [e.identity for e in self.engines]
+        self._router = RankRouter(
+            [e.index if e.index is not None else slot for slot, e in enumerate(self.engines)]
+        )
+        self._registry: dict[str, _Entry] = {}
+        self._aborted: OrderedDict[str, bytes] = OrderedDict()
+        self._send_lock = trio.StrictFIFOLock()
+        self._silence_timeout_s = silence_timeout_s
+        self._recv_scope: trio.CancelScope | None = None
+        self._dead: EngineDeadError | None = None
+        self._closed = False
+        self.dead_event = trio.Event()
+        self._waves = WaveClock() if any(e.ready.is_lockstep for e in self.engines) else None
+        self._nursery: trio.Nursery | None = None
+
+    # -- introspection -------------------------------------------------------------------
+
+    @property
+    def ready_responses(self) -> list[EngineCoreReadyResponse]:
+        """Each engine's registration, in HELLO order."""
+        return [e.ready for e in self.engines]
+
+    @property
+    def max_model_len(self) -> int:
+        """Context length in tokens (the first engine's registration)."""
+        return self.engines[0].ready.max_model_len
+
+    @property
+    def alive(self) -> bool:
+        """False once latched dead or closed."""
+        return self._dead is None and not self._closed
+
+    @property
+    def dead_reason(self) -> EngineDeadError | None:
+        """Why the client latched dead, if it did."""
+        return self._dead
+
+    @property
+    def inflight_count(self) -> int:
+        """Requests registered and not yet retired."""
+        return len(self._registry)
+
+    def load(self) -> list[EngineLoad]:
+        """Per-rank load: the engine's last report, with the running count floored at our own
+        in-flight reservations on that rank."""
+        out = []
+        for slot, load in enumerate(self._router.loads):
+            own = len(self._router.inflight[slot])
+            load = load or EngineLoad()
+            out.append(
+                EngineLoad(max(load.num_running, own), load.num_waiting, load.kv_cache_usage)
+            )
+        return out
+
+    @property
+    def wave(self) -> int | None:
+        """The lockstep wave clock, or ``None`` for independent ranks."""
+        return None if self._waves is None else self._waves.wave
+
+    # -- requests ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestStream]:
+        """Submit ``request`` and yield its :class:`RequestStream`.
+
+        Leaving the block before the terminal output, for any reason including cancellation,
+        retires the request at once (later outputs for its id are dropped) and sends ABORT in a
+        shielded scope bounded by ``ABORT_SEND_TIMEOUT_S``.
+
+        Raises ``DuplicateRequestId`` (nothing sent), ``InvalidDataParallelRank``,
+        ``UnsupportedField``/``ValidationError`` (from the protocol), ``EncodeError``, and
+        ``EngineDeadError``/``ClientClosed`` when the client cannot take requests.
+        """
+        self._check_open()
+        self.protocol.validate(request)
+        rid = request.request_id
+        if rid in self._registry:
+            raise DuplicateRequestId(rid)
+        frames = self.protocol.encode_add(request)
+        slot = self._router.reserve(rid, request.data_parallel_rank)
+        entry = _Entry(rid, slot, self._identities[slot])
+        self._registry[rid] = entry
+        self._aborted.pop(rid, None)
+        if len(self._registry) == 1:
+            self._arm_watchdog()
+        try:
+            await self._send(entry.identity, frames)
+            entry.sent = True
+            if self._waves is not None:
+                await self._wake_group(self._waves.next_wake())
+            yield RequestStream(entry)
+        finally:
+            if not entry.finished:
+                self._retire(entry)
+                entry.close()
+                if entry.sent and self.alive:
+                    with trio.CancelScope(shield=True), trio.move_on_after(ABORT_SEND_TIMEOUT_S):
+                        await self._send_abort(entry.identity, rid)
+
+    async def abort(self, request_id: str) -> None:
+        """Retire ``request_id`` (its stream ends with ``RequestStreamClosed``) and send ABORT.
+        Unknown ids are ignored."""
+        entry = self._registry.get(request_id)
+        if entry is None:
+            return
+        self._retire(entry)
+        entry.close()
+        if self.alive:
+            await self._send_abort(entry.identity, request_id)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(f"engine is dead: {self._dead}")
+        if self._closed:
+            raise ClientClosed("client is shutting down")
+
+    def _retire(self, entry: _Entry) -> None:
+        if self._registry.get(entry.request_id) is entry:
+            del self._registry[entry.request_id]
+        self._router.release(entry.rank, entry.request_id)
+        if not entry.finished and entry.sent:
+            self._aborted[entry.request_id] = entry.identity
+            if len(self._aborted) > _ABORTED_MEMORY:
+                self._aborted.popitem(last=False)
+
+    def _arm_watchdog(self) -> None:
+        scope = self._recv_scope
+        if scope is not None and math.isfinite(self._silence_timeout_s):
+            scope.deadline = trio.current_time() + self._silence_timeout_s
+
+    async def _send(self, identity: bytes, frames: list[bytes]) -> None:
+        msg = [identity, *frames]
+        sock = self._sockets.input
+        try:
+            if not self._send_lock.locked() and sock.send_multipart_nowait(msg):
+                return
+            async with self._send_lock:
+                with trio.move_on_after(ENGINE_SEND_TIMEOUT_S) as cs:
+                    await sock.send_multipart(msg)
+        except (zmq.ZMQError, trio.ClosedResourceError) as exc:
+            err = EngineDeadError(f"engine input socket failed: {exc}")
+            self._die(err)
+            raise err from exc
+        if cs.cancelled_caught:
+            err = EngineDeadError(f"engine send stuck for over {ENGINE_SEND_TIMEOUT_S:g} s")
+            self._die(err)
+            raise err
+
+    async def _send_abort(self, identity: bytes, request_id: str) -> None:
+        try:
+            await self._send(identity, self.protocol.encode_abort([request_id]))
+        except EngineDeadError:
+            log.debug("abort of %s not sent: engine is dead", request_id)
+
+    async def _wake_group(self, wave: int) -> None:
+        frames = self.protocol.encode_start_wave(wave)
+        if frames is None:
+            return
+        for identity in self._identities:
+            await self._send(identity, frames)
+
+    def _die(self, error: EngineDeadError) -> None:
+        """Latch dead and fail every in-flight request with ``error``."""
+        if self._dead is None:
+            self._dead = error
+            log.error("engine client for %s is dead: %s", self._sockets.input_address, error)
+        registry, self._registry = self._registry, {}
+        for entry in registry.values():
+            entry.close(error)
+        self._router.clear()
+        self.dead_event.set()
+        if self._recv_scope is not None:
+            self._recv_scope.cancel()
+
+    def _dispatch(self, batch: EngineBatch) -> None:
+        router = self._router
+        slot = router.slot_for_index(batch.engine_index)
+        if batch.load is not None and slot is not None:
+            router.loads[slot] = batch.load
+        registry = self._registry
+        reabort: list[tuple[bytes, str]] | None = None
+        for out in batch.outputs:
+            entry = registry.get(out.request_id)
+            if entry is None:
+                identity = self._aborted.get(out.request_id)
+                if identity is not None:
+                    if out.finish_reason is None:
+                        (reabort := reabort or []).append((identity, out.request_id))
+                    else:
+                        del self._aborted[out.request_id]
+                continue
+            entry.push(out)
+            if out.finish_reason is not None:
+                del registry[out.request_id]
+                router.release(entry.rank, out.request_id)
+        for rid in batch.finished_request_ids:
+            entry = registry.pop(rid, None)
+            if entry is not None:
+                router.release(entry.rank, rid)
+                entry.close()
+        if self._waves is not None:
+            if batch.wave_complete is not None:
+                self._waves.wave_complete(batch.wave_complete)
+            if batch.start_wave is not None and self._nursery is not None:
+                self._nursery.start_soon(self._wake_group, self._waves.start_wave(batch.start_wave))
+        if reabort and self._nursery is not None:
+            for identity, rid in reabort:
+                self._nursery.start_soon(self._send_abort, identity, rid)
+
+    async def _output_loop(self) -> None:
+        sock = self._sockets.output
+        decode = self.protocol.decode_batch
+        errors = 0
+        while self._dead is None:
+            with trio.CancelScope() as scope:
+                self._recv_scope = scope
+                if self._registry:
+                    self._arm_watchdog()
+                try:
+                    frames = await sock.recv_multipart()
+                except (zmq.ZMQError, trio.ClosedResourceError) as exc:
+                    if not self._closed:
+                        self._die(EngineDeadError(f"engine output socket failed: {exc}"))
+                    return
+            self._recv_scope = None
+            if scope.cancelled_caught:
+                if self._dead is not None or self._closed:
+                    return
+                if self._registry:
+                    self._die(
+                        EngineDeadError(
+                            f"no engine output for {self._silence_timeout_s:g} s with "
+                            f"{len(self._registry)} request(s) in flight"
+                        )
+                    )
+                    return
+                continue
+            if len(frames) == 1 and frames[0] == ENGINE_CORE_DEAD:
+                self._die(EngineDeadError("engine core dead (ENGINE_CORE_DEAD sentinel)"))
+                return
+            try:
+                batch = decode(frames)
+            except DecodeError as exc:
+                errors += 1
+                log.warning("dropping undecodable engine output (%d in a row): %s", errors, exc)
+                if errors >= MAX_CONSECUTIVE_DECODE_ERRORS:
+                    self._die(EngineDeadError(f"{errors} consecutive undecodable outputs: {exc}"))
+                    return
+                continue
+            errors = 0
+            self._dispatch(batch)
+
+    def _close(self) -> None:
+        self._closed = True
+        registry, self._registry = self._registry, {}
+        for entry in registry.values():
+            entry.close(ClientClosed("engine client closed"))
+        self._router.clear()
+
+
+async def run_engine_client(
+    protocol: EngineProtocol,
+    addresses: WorkerAddresses,
+    *,
+    engine_count: int = 1,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
+    task_status: trio.TaskStatus[EngineClient] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Bind the worker's sockets, run the handshake, then serve until cancelled or dead.
+
+    For ``await nursery.start(run_engine_client, ...)``: ``start`` returns the ready
+    :class:`EngineClient`. Returns (without raising) when the engine dies; watch
+    ``client.dead_event``. Handshake failures raise ``HandshakeError`` subclasses.
+    """
+    async with open_engine_client(
+        protocol,
+        addresses,
+        engine_count=engine_count,
+        ready_timeout_s=ready_timeout_s,
+        silence_timeout_s=silence_timeout_s,
+    ) as client:
+        task_status.started(client)
+        await client.dead_event.wait()
+
+
+@asynccontextmanager
+async def open_engine_client(
+    protocol: EngineProtocol,
+    addresses: WorkerAddresses,
+    *,
+    engine_count: int = 1,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
+) -> AsyncIterator[EngineClient]:
+    """Bind, handshake with ``engine_count`` engines, and yield a running :class:`EngineClient`.
+
+    The client's nursery runs the output loop; leaving the block cancels it, fails remaining
+    requests with ``ClientClosed`` and closes the sockets. ``ready_timeout_s`` bounds each
+    handshake receive; ``silence_timeout_s`` is the in-flight silence watchdog (``math.inf``
+    disables it).
+    """
+    async with bind_worker_sockets(addresses) as sockets:
+        engines = await run_handshake(
+            sockets, engine_count=engine_count, ready_timeout_s=ready_timeout_s
+        )
+        client = EngineClient(protocol, sockets, engines, silence_timeout_s=silence_timeout_s)
+        async with trio.open_nursery() as nursery:
+            client._nursery = nursery
+            nursery.start_soon(client._output_loop)
+            try:
+                yield client
+            finally:
+                client._close()
+                nursery.cancel_scope.cancel()

@@ -1,0 +1,124 @@
+"""Per-request output queues and the ``RequestStream`` a ``generate`` block yields."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import trio
+
+from smg_trio.errors import RequestStreamClosed
+from smg_trio.protocol.types import EngineOutput
+
+__all__ = ["RequestStream"]
+
+
+class _Entry:
+    """One in-flight request in the client's registry.
+
+    The queue is unbounded on purpose: the output loop must never block on one slow consumer
+    (that would stall every other request's delivery). A request's queue is bounded by its own
+    ``max_tokens``, since every non-terminal engine output carries at least one token or a
+    prompt-logprob slice. A consumer that falls behind drains several outputs per wakeup.
+    """
+
+    __slots__ = (
+        "closed",
+        "error",
+        "finished",
+        "identity",
+        "lot",
+        "queue",
+        "rank",
+        "request_id",
+        "sent",
+    )
+
+    def __init__(self, request_id: str, rank: int, identity: bytes) -> None:
+        self.request_id = request_id
+        self.rank = rank
+        self.identity = identity
+        self.queue: deque[EngineOutput] = deque()
+        self.lot = trio.lowlevel.ParkingLot()
+        self.finished = False  # the terminal output was delivered to the queue
+        self.closed = False  # no more outputs will arrive (finished, retired or failed)
+        self.error: BaseException | None = None
+        self.sent = False
+
+    def push(self, out: EngineOutput) -> None:
+        self.queue.append(out)
+        if out.finish_reason is not None:
+            self.finished = True
+            self.closed = True
+        if self.lot:
+            self.lot.unpark_all()
+
+    def close(self, error: BaseException | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.error = error
+        if self.lot:
+            self.lot.unpark_all()
+
+
+class RequestStream:
+    """The outputs of one request, in order, ending with its terminal output.
+
+    Iterate with ``async for output in stream`` (one :class:`EngineOutput` at a time) or call
+    :meth:`receive_some` to drain everything pending in one wakeup. Raises
+    :class:`~smg_trio.errors.EngineDeadError` if the engine died, and
+    :class:`~smg_trio.errors.RequestStreamClosed` if the stream ended without a terminal output
+    (aborted, or finished out of band): a truncated stream never looks complete.
+    """
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, entry: _Entry) -> None:
+        self._entry = entry
+
+    @property
+    def request_id(self) -> str:
+        """The engine request id."""
+        return self._entry.request_id
+
+    @property
+    def rank(self) -> int:
+        """The engine (DP rank index) serving this request."""
+        return self._entry.rank
+
+    @property
+    def finished(self) -> bool:
+        """True once the terminal output has been queued."""
+        return self._entry.finished
+
+    def _end(self) -> list[EngineOutput]:
+        e = self._entry
+        if e.finished:
+            return []
+        if e.error is not None:
+            raise e.error
+        raise RequestStreamClosed(e.request_id)
+
+    async def receive_some(self) -> list[EngineOutput]:
+        """Wait for at least one output and return all pending ones; ``[]`` after the terminal
+        output was consumed. Raises as described on the class."""
+        e = self._entry
+        while not e.queue:
+            if e.closed:
+                return self._end()
+            await e.lot.park()
+        items = list(e.queue)
+        e.queue.clear()
+        return items
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> EngineOutput:
+        e = self._entry
+        while not e.queue:
+            if e.closed:
+                self._end()
+                raise StopAsyncIteration
+            await e.lot.park()
+        return e.queue.popleft()
