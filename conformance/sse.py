@@ -1,0 +1,82 @@
+"""Strict parser for OpenAI-style SSE bodies: ``data: <json>\\n\\n`` frames ending in ``[DONE]``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SseStream", "parse_sse"]
+
+DONE = "[DONE]"
+
+
+@dataclass
+class SseStream:
+    """The decoded events of one SSE body, plus every framing problem found."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """JSON payloads of the ``data:`` frames, in order (``[DONE]`` and errors excluded)."""
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    """In-stream error payloads (``{"error": ...}``)."""
+    done_count: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def parse_sse(body: bytes) -> SseStream:
+    """Parse ``body`` and record anything that is not OpenAI's SSE shape.
+
+    Rules: frames are separated by a blank line (``\\n\\n``) and the body ends with one; each
+    frame is one ``data: `` line (``:`` comment lines are allowed, as SSE keep-alives); the
+    payload is a JSON object or ``[DONE]``; ``[DONE]`` appears exactly once, as the last frame.
+    """
+    out = SseStream()
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        out.problems.append(f"SSE body is not UTF-8: {exc}")
+        return out
+    if not text:
+        out.problems.append("SSE body is empty")
+        return out
+    pieces = text.split("\n\n")
+    if pieces[-1] != "":
+        out.problems.append(f"SSE body does not end with a blank line: tail {pieces[-1][-80:]!r}")
+    frames = pieces[:-1] + ([pieces[-1]] if pieces[-1] else [])
+    done_at: int | None = None
+    for pos, frame in enumerate(frames):
+        lines = [ln for ln in frame.split("\n") if not ln.startswith(":")]
+        if not lines:
+            continue  # comment-only frame (keep-alive)
+        if "\r" in frame:
+            out.problems.append(f"frame {pos} contains a carriage return: {frame[:80]!r}")
+        data_lines = [ln for ln in lines if ln.startswith("data: ")]
+        if len(lines) != 1 or len(data_lines) != 1:
+            out.problems.append(f"frame {pos} is not a single 'data: ' line: {frame[:120]!r}")
+            if not data_lines:
+                continue
+        payload = data_lines[0][len("data: ") :]
+        if payload == DONE:
+            out.done_count += 1
+            done_at = pos if done_at is None else done_at
+            continue
+        if done_at is not None:
+            out.problems.append(f"frame {pos} arrives after data: [DONE]: {payload[:80]!r}")
+        try:
+            value = json.loads(payload)
+        except ValueError:
+            out.problems.append(f"frame {pos} payload is not JSON: {payload[:120]!r}")
+            continue
+        if not isinstance(value, dict):
+            out.problems.append(f"frame {pos} payload is not a JSON object: {payload[:120]!r}")
+            continue
+        if "error" in value:
+            out.errors.append(value)
+            out.problems.append(f"in-stream error event: {payload[:200]}")
+            continue
+        out.events.append(value)
+    if out.done_count == 0:
+        out.problems.append("no data: [DONE] frame")
+    elif out.done_count > 1:
+        out.problems.append(f"data: [DONE] sent {out.done_count} times")
+    return out
