@@ -1,0 +1,159 @@
+"""The frontend's socket set for one worker: bind input ROUTER, output PULL, handshake ROUTER."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+import zmq
+
+from smg_trio.errors import EngineError, SocketDirError
+from smg_trio.protocol.addresses import WorkerAddresses
+from smg_trio.transport.sockdir import check_ipc_path, ensure_ipc_socket_dir, unlink_stale_socket
+from smg_trio.transport.zsocket import ZmqSocket, zmq_context
+
+__all__ = ["BoundSockets", "bind_worker_sockets"]
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class BoundSockets:
+    """The three bound sockets of one worker and their resolved addresses.
+
+    ``input`` is the ROUTER engines register on and receive requests from (frontend sends
+    ``[identity, type_byte, payload, *aux]``); ``output`` is the PULL every engine PUSHes results
+    to; ``handshake`` is the ROUTER for HELLO/INIT/READY. The ``*_address`` strings are the
+    endpoints as libzmq resolved them (``LAST_ENDPOINT``), so a wildcard port such as
+    ``tcp://127.0.0.1:*`` comes back as the real port; INIT carries these.
+    """
+
+    input: ZmqSocket
+    output: ZmqSocket
+    handshake: ZmqSocket
+    input_address: str
+    output_address: str
+    handshake_address: str
+
+
+def _configure_router(sock: zmq.Socket[bytes]) -> None:
+    # A send to an identity that never connected or has gone raises EHOSTUNREACH instead of
+    # being dropped silently, so a vanished engine is an error (the connector maps it to
+    # EngineDeadError).
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    # An engine restarted with the same identity replaces the old connection instead of being
+    # rejected as a duplicate (vLLM's make_zmq_socket(router_handover=True)).
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+
+
+def _configure_input_router(sock: zmq.Socket[bytes]) -> None:
+    _configure_router(sock)
+    # Unbounded queues, as vLLM's make_zmq_socket does for its own input ROUTER: requests are
+    # never dropped or refused by ZMQ; the gateway's own admission control bounds them.
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+
+
+def _configure_output_pull(sock: zmq.Socket[bytes]) -> None:
+    # Never make an engine's PUSH block on us: the single reader task drains as fast as it can.
+    sock.setsockopt(zmq.RCVHWM, 0)
+
+
+def _bind(
+    stack: contextlib.ExitStack,
+    socket_type: int,
+    address: str,
+    role: str,
+    configure: Callable[[zmq.Socket[bytes]], None],
+) -> tuple[ZmqSocket, str]:
+    """Create, configure and bind one socket; register its close on ``stack``."""
+    sock = zmq_context().socket(socket_type)
+    stack.callback(sock.close, 0)  # a no-op after wrapped.close(); covers a failing wrap
+    wrapped = ZmqSocket(sock)
+    stack.callback(wrapped.close)
+    sock.setsockopt(zmq.LINGER, 0)
+    configure(sock)
+    try:
+        sock.bind(address)
+    except zmq.ZMQError as exc:
+        msg = f"cannot bind the {role} socket to {address}: {exc.strerror}"
+        if address.startswith("ipc://"):
+            raise SocketDirError(msg) from exc
+        raise EngineError(msg) from exc
+    resolved = sock.get(zmq.LAST_ENDPOINT)
+    assert isinstance(resolved, bytes)
+    return wrapped, resolved.decode()
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _unlink_if_same(path: str, inode: tuple[int, int] | None) -> None:
+    """Remove our socket file, unless something else has replaced it meanwhile."""
+    if inode is None or _inode(path) != inode:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+@asynccontextmanager
+async def bind_worker_sockets(addresses: WorkerAddresses) -> AsyncIterator[BoundSockets]:
+    """Bind one worker's socket set, as smg does: input ROUTER, output PULL, handshake ROUTER.
+
+    Before binding, the parent directory of the worker's ipc path is made safe
+    (:func:`~smg_trio.transport.sockdir.ensure_ipc_socket_dir`), both ipc paths are checked
+    against the ``sun_path`` limit, and stale ``-in.sock``/``-out.sock`` sockets are unlinked.
+    On exit every socket is closed (``linger=0``) and the socket files this call created are
+    removed.
+
+    Raises:
+        SocketDirError: the socket directory or an ipc path is unusable, or an ipc bind failed.
+        EngineError: the tcp handshake bind failed (for example, the port is in use); the
+            message names the address.
+        WorkerAddressError: an input/output address is not ``ipc://``.
+    """
+    input_path = check_ipc_path(addresses.input)
+    output_path = check_ipc_path(addresses.output)
+    socket_dir = os.path.dirname(addresses.path)
+    if socket_dir:
+        ensure_ipc_socket_dir(socket_dir)
+    unlink_stale_socket(input_path)
+    unlink_stale_socket(output_path)
+
+    with contextlib.ExitStack() as stack:
+        inp, input_address = _bind(
+            stack, zmq.ROUTER, addresses.input, "input ROUTER", _configure_input_router
+        )
+        stack.callback(_unlink_if_same, input_path, _inode(input_path))
+        out, output_address = _bind(
+            stack, zmq.PULL, addresses.output, "output PULL", _configure_output_pull
+        )
+        stack.callback(_unlink_if_same, output_path, _inode(output_path))
+        hs, handshake_address = _bind(
+            stack, zmq.ROUTER, addresses.handshake, "handshake ROUTER", _configure_router
+        )
+        logger.debug(
+            "bound worker sockets: input %s, output %s, handshake %s",
+            input_address,
+            output_address,
+            handshake_address,
+        )
+        await trio.lowlevel.checkpoint()
+        yield BoundSockets(
+            input=inp,
+            output=out,
+            handshake=hs,
+            input_address=input_address,
+            output_address=output_address,
+            handshake_address=handshake_address,
+        )

@@ -1,0 +1,118 @@
+"""Socket-directory and socket-file safety rules (wire spec §2.3)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+import pytest
+
+from smg_trio.errors import SocketDirError, WorkerAddressError
+from smg_trio.testing.ipc import IpcNamespace
+from smg_trio.transport.sockdir import (
+    SUN_PATH_MAX,
+    check_ipc_path,
+    ensure_ipc_socket_dir,
+    unlink_stale_socket,
+)
+
+
+def _mode(path: str) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def _make_socket_file(path: str) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(path)
+    finally:
+        s.close()  # the file stays behind, like a crashed gateway's
+
+
+def test_creates_missing_dirs_with_mode_0700(ipc: IpcNamespace) -> None:
+    target = os.path.join(ipc.directory, "a", "b")
+    old = os.umask(0o022)
+    try:
+        ensure_ipc_socket_dir(target)
+    finally:
+        os.umask(old)
+    assert os.path.isdir(target)
+    assert _mode(target) == 0o700
+    assert _mode(os.path.dirname(target)) == 0o700  # parents too, unlike os.makedirs
+
+
+def test_leaves_an_existing_owned_dir_untouched(ipc: IpcNamespace) -> None:
+    target = os.path.join(ipc.directory, "shared")
+    os.mkdir(target)
+    os.chmod(target, 0o755)
+    ensure_ipc_socket_dir(target)
+    assert _mode(target) == 0o755
+
+
+def test_rejects_a_file_in_place_of_the_dir(ipc: IpcNamespace) -> None:
+    target = os.path.join(ipc.directory, "file")
+    with open(target, "w"):
+        pass
+    with pytest.raises(SocketDirError, match="exists but is not a directory"):
+        ensure_ipc_socket_dir(target)
+
+
+def test_rejects_a_symlinked_dir(ipc: IpcNamespace) -> None:
+    real = os.path.join(ipc.directory, "real")
+    os.mkdir(real, 0o700)
+    link = os.path.join(ipc.directory, "link")
+    os.symlink(real, link)
+    with pytest.raises(SocketDirError, match="exists but is not a directory"):
+        ensure_ipc_socket_dir(link)
+
+
+def test_rejects_a_dir_owned_by_another_uid(
+    ipc: IpcNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner = os.lstat(ipc.directory).st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 1)
+    with pytest.raises(SocketDirError, match=rf"owned by uid {owner} \(expected {owner + 1}\)"):
+        ensure_ipc_socket_dir(ipc.directory)
+
+
+def test_unlinks_a_stale_socket(ipc: IpcNamespace, caplog: pytest.LogCaptureFixture) -> None:
+    path = os.path.join(ipc.directory, "w-in.sock")
+    _make_socket_file(path)
+    with caplog.at_level("INFO", logger="smg_trio.transport.sockdir"):
+        assert unlink_stale_socket(path) is True
+    assert not os.path.lexists(path)
+    assert "Removing stale ipc socket" in caplog.text
+
+
+def test_missing_socket_is_fine(ipc: IpcNamespace) -> None:
+    assert unlink_stale_socket(os.path.join(ipc.directory, "absent.sock")) is False
+
+
+def test_refuses_to_unlink_a_regular_file(ipc: IpcNamespace) -> None:
+    path = os.path.join(ipc.directory, "w-in.sock")
+    with open(path, "w") as f:
+        f.write("precious")
+    with pytest.raises(SocketDirError, match="exists but is not a socket; refusing to unlink"):
+        unlink_stale_socket(path)
+    assert os.path.isfile(path)
+
+
+def test_refuses_to_unlink_a_symlink_to_a_socket(ipc: IpcNamespace) -> None:
+    target = os.path.join(ipc.directory, "real.sock")
+    _make_socket_file(target)
+    link = os.path.join(ipc.directory, "w-in.sock")
+    os.symlink(target, link)
+    with pytest.raises(SocketDirError, match="not a socket"):
+        unlink_stale_socket(link)
+    assert os.path.lexists(link)
+
+
+def test_check_ipc_path_limits() -> None:
+    ok = "/" + "p" * (SUN_PATH_MAX - 1)
+    assert check_ipc_path(f"ipc://{ok}") == ok
+    too_long = ok + "x"
+    with pytest.raises(SocketDirError, match=rf"is {SUN_PATH_MAX + 1} bytes, over the 107-byte"):
+        check_ipc_path(f"ipc://{too_long}")
+    with pytest.raises(WorkerAddressError):
+        check_ipc_path("tcp://127.0.0.1:5555")

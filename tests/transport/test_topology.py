@@ -1,0 +1,133 @@
+"""Binding one worker's socket set: order, resolved addresses, socket files, options, errors."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+
+import pytest
+import trio
+import zmq
+
+from smg_trio.errors import EngineError, SocketDirError
+from smg_trio.protocol.addresses import worker_addresses
+from smg_trio.testing.ipc import IpcNamespace
+from smg_trio.transport.topology import bind_worker_sockets
+
+from .conftest import IO_DEADLINE_S, RawSocketFactory
+
+# Sync helpers: tiny local filesystem checks, kept out of the async tests (ASYNC230/240).
+
+
+def _lexists(path: str) -> bool:
+    return os.path.lexists(path)
+
+
+def _isfile(path: str) -> bool:
+    return os.path.isfile(path)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+async def test_binds_and_cleans_up(ipc: IpcNamespace) -> None:
+    addrs = ipc.addresses("w0")
+    in_path = addrs.input.removeprefix("ipc://")
+    out_path = addrs.output.removeprefix("ipc://")
+    async with bind_worker_sockets(addrs) as bound:
+        assert bound.input_address == addrs.input
+        assert bound.output_address == addrs.output
+        host, _, port = bound.handshake_address.rpartition(":")
+        assert host == "tcp://127.0.0.1"
+        assert port.isdigit()
+        assert int(port) > 0  # the wildcard came back resolved
+        assert stat.S_ISSOCK(os.lstat(in_path).st_mode)
+        assert stat.S_ISSOCK(os.lstat(out_path).st_mode)
+        sockets = (bound.input, bound.output, bound.handshake)
+    assert all(s.closed for s in sockets)
+    assert not _lexists(in_path)
+    assert not _lexists(out_path)
+
+
+async def test_creates_the_socket_dir_0700(ipc: IpcNamespace) -> None:
+    url = f"ipc://{ipc.directory}/run/w0"
+    async with bind_worker_sockets(worker_addresses(url, "tcp://127.0.0.1:*")):
+        assert stat.S_IMODE(os.lstat(f"{ipc.directory}/run").st_mode) == 0o700
+
+
+async def test_replaces_stale_sockets(ipc: IpcNamespace) -> None:
+    addrs = ipc.addresses("w0")
+    for address in (addrs.input, addrs.output):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(address.removeprefix("ipc://"))
+        s.close()
+    async with bind_worker_sockets(addrs) as bound:
+        assert bound.input_address == addrs.input
+
+
+async def test_refuses_a_regular_file_at_a_socket_path(ipc: IpcNamespace) -> None:
+    addrs = ipc.addresses("w0")
+    out_path = addrs.output.removeprefix("ipc://")
+    _write(out_path, "precious")
+    with pytest.raises(SocketDirError, match="not a socket; refusing to unlink"):
+        async with bind_worker_sockets(addrs):
+            pass  # pragma: no cover
+    assert _isfile(out_path)
+
+
+async def test_rejects_an_overlong_ipc_path(ipc: IpcNamespace) -> None:
+    addrs = ipc.addresses("w" * 120)
+    with pytest.raises(SocketDirError, match="sun_path"):
+        async with bind_worker_sockets(addrs):
+            pass  # pragma: no cover
+
+
+async def test_handshake_port_in_use_names_the_address(ipc: IpcNamespace) -> None:
+    async with bind_worker_sockets(ipc.addresses("a")) as first:
+        taken = first.handshake_address
+        addrs = ipc.addresses("b", handshake=taken)
+        with pytest.raises(EngineError, match=f"handshake ROUTER socket to {taken}"):
+            async with bind_worker_sockets(addrs):
+                pass  # pragma: no cover
+        # Nothing of the failed set is left behind.
+        assert not _lexists(addrs.input.removeprefix("ipc://"))
+
+
+async def test_input_router_is_mandatory(ipc: IpcNamespace) -> None:
+    """A send to an identity that never registered raises instead of vanishing silently."""
+    async with bind_worker_sockets(ipc.addresses("w0")) as bound:
+        with trio.fail_after(IO_DEADLINE_S), pytest.raises(zmq.ZMQError) as info:
+            await bound.input.send_multipart([b"\x00\x00", b"\x00", b"req"])
+        assert info.value.errno == errno.EHOSTUNREACH
+
+
+async def test_input_router_hands_over_a_reconnected_identity(
+    ipc: IpcNamespace, raw_socket: RawSocketFactory
+) -> None:
+    """ROUTER_HANDOVER: an engine restarted with the same identity replaces the old one."""
+    async with bind_worker_sockets(ipc.addresses("w0")) as bound:
+        with trio.fail_after(IO_DEADLINE_S):
+            old = raw_socket(zmq.DEALER, connect=bound.input_address, identity=b"\x00\x00")
+            await old.send_multipart([b"reg-old"])
+            assert await bound.input.recv_multipart() == [b"\x00\x00", b"reg-old"]
+            new = raw_socket(zmq.DEALER, connect=bound.input_address, identity=b"\x00\x00")
+            await new.send_multipart([b"reg-new"])
+            assert await bound.input.recv_multipart() == [b"\x00\x00", b"reg-new"]
+            await bound.input.send_multipart([b"\x00\x00", b"\x00", b"req"])
+            assert await new.recv_multipart() == [b"\x00", b"req"]
+
+
+async def test_output_pull_receives_from_many_pushers(
+    ipc: IpcNamespace, raw_socket: RawSocketFactory
+) -> None:
+    async with bind_worker_sockets(ipc.addresses("w0")) as bound:
+        with trio.fail_after(IO_DEADLINE_S):
+            pushers = [raw_socket(zmq.PUSH, connect=bound.output_address) for _ in range(3)]
+            for i, p in enumerate(pushers):
+                await p.send_multipart([b"out", bytes([i])])
+            got = sorted([(await bound.output.recv_multipart())[1] for _ in pushers])
+            assert got == [b"\x00", b"\x01", b"\x02"]
