@@ -1,0 +1,259 @@
+"""Sandboxed Jinja chat-template rendering with transformers' ``apply_chat_template`` semantics."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, NoReturn
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from smg_trio.errors import ValidationError
+
+__all__ = [
+    "RESERVED_TEMPLATE_VARS",
+    "ChatTemplate",
+    "normalize_messages",
+]
+
+#: Template variables the renderer sets itself; ``chat_template_kwargs`` may not override them.
+RESERVED_TEMPLATE_VARS = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"}
+)
+
+
+def _is_list(obj: object) -> bool:
+    return isinstance(obj, Sequence) and not isinstance(obj, (str, bytes))
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # transformers' override: no HTML escaping, non-ASCII kept, indent/separators exposed.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` (transformers' assistant mask): body as-is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _make_env() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _GenerationTag],
+        autoescape=False,
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+_ENV = _make_env()
+
+
+def _content_text(content: Any, where: str) -> str | None:
+    """A message's content as a string: text parts joined with ``"\\n"``; ``None`` kept."""
+    if content is None or isinstance(content, str):
+        return content
+    if not _is_list(content):
+        raise ValidationError(
+            f"{where}.content must be a string or a list of content parts",
+            param=f"{where}.content",
+        )
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        part_where = f"{where}.content[{j}]"
+        if not isinstance(part, Mapping):
+            raise ValidationError(f"{part_where} must be an object", param=part_where)
+        kind = part.get("type")
+        if kind != "text":
+            raise ValidationError(
+                f"{part_where}.type {kind!r} is not supported; only 'text' content parts are",
+                param=f"{part_where}.type",
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise ValidationError(f"{part_where}.text must be a string", param=f"{part_where}.text")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def _parse_tool_calls(tool_calls: Any, where: str) -> Any:
+    """Copy ``tool_calls`` with JSON-string ``function.arguments`` parsed, as templates expect."""
+    if not _is_list(tool_calls):
+        return tool_calls
+    out: list[Any] = []
+    for j, call in enumerate(tool_calls):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        args = fn.get("arguments") if isinstance(fn, Mapping) else None
+        if isinstance(call, Mapping) and isinstance(fn, Mapping) and isinstance(args, str):
+            param = f"{where}.tool_calls[{j}].function.arguments"
+            try:
+                parsed = json.loads(args)
+            except ValueError as exc:
+                raise ValidationError(f"{param} is not valid JSON: {exc}", param=param) from None
+            call = {**call, "function": {**fn, "arguments": parsed}}
+        out.append(call)
+    return out
+
+
+def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Copy OpenAI chat messages into the shape chat templates expect.
+
+    Each message must be a mapping with a string ``role``. A ``content`` list of
+    ``{"type": "text", "text": ...}`` parts becomes one string (parts joined with ``"\\n"``);
+    assistant ``tool_calls[].function.arguments`` JSON strings become parsed values. The
+    input is not mutated. Raises ``ValidationError`` naming the offending field (e.g.
+    ``messages[1].content[0].type``) for any other shape.
+    """
+    if not _is_list(messages):
+        raise ValidationError("messages must be a list of message objects", param="messages")
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, Mapping):
+            raise ValidationError(f"{where} must be an object", param=where)
+        if not isinstance(message.get("role"), str):
+            raise ValidationError(f"{where}.role must be a string", param=f"{where}.role")
+        msg = dict(message)
+        if "content" in msg:
+            msg["content"] = _content_text(msg["content"], where)
+        if msg.get("tool_calls") is not None:
+            msg["tool_calls"] = _parse_tool_calls(msg["tool_calls"], where)
+        out.append(msg)
+    return out
+
+
+def _truncate_to_final_message(rendered: str, final: str) -> str:
+    """transformers' ``continue_final_message``: cut the prompt right after the last message."""
+    stripped = final.strip()
+    loc = rendered.rfind(stripped)
+    if not stripped or loc < 0:
+        raise ValidationError(
+            "continue_final_message is set but the final message does not appear in the "
+            "rendered chat template",
+            param="continue_final_message",
+        )
+    lstripped = final.lstrip()
+    if rendered[loc : loc + len(lstripped)] == lstripped:
+        return rendered[: loc + len(lstripped)]
+    return rendered[: loc + len(stripped)]
+
+
+class ChatTemplate:
+    """One compiled chat template (Jinja source from ``tokenizer_config.json``).
+
+    Compiled once in a sandboxed environment (``ImmutableSandboxedEnvironment`` with
+    ``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, ``raise_exception``,
+    ``strftime_now`` and transformers' ``tojson``). Raises ``ValueError`` on a syntax error.
+    """
+
+    __slots__ = ("_template", "name", "source")
+
+    def __init__(self, source: str, *, name: str = "default") -> None:
+        if not isinstance(source, str):
+            raise ValueError(f"chat template {name!r} must be a string")
+        self.name = name
+        self.source = source
+        try:
+            self._template = _ENV.from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ValueError(
+                f"chat template {name!r} does not compile: {exc.message} (line {exc.lineno})"
+            ) from exc
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+        special_tokens: Mapping[str, Any] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Render ``messages`` to the prompt string (not tokenized).
+
+        Variables: ``messages`` (normalized by :func:`normalize_messages`), ``tools``,
+        ``documents``, ``add_generation_prompt``, the ``special_tokens`` (``bos_token``,
+        ``eos_token``, ...) and then ``chat_template_kwargs`` (e.g. ``enable_thinking``),
+        which may override special tokens but not :data:`RESERVED_TEMPLATE_VARS`. With
+        ``continue_final_message`` the prompt ends right after the final message's text so
+        the model continues it. Raises ``ValidationError`` (400) for bad messages or
+        arguments and for any template failure, including ``raise_exception``.
+        """
+        if add_generation_prompt and continue_final_message:
+            raise ValidationError(
+                "continue_final_message and add_generation_prompt are mutually exclusive",
+                param="continue_final_message",
+            )
+        msgs = normalize_messages(messages)
+        if tools is not None and not _is_list(tools):
+            raise ValidationError("tools must be a list of tool objects", param="tools")
+        context: dict[str, Any] = dict(special_tokens or {})
+        if chat_template_kwargs:
+            if not isinstance(chat_template_kwargs, Mapping):
+                raise ValidationError(
+                    "chat_template_kwargs must be an object", param="chat_template_kwargs"
+                )
+            reserved = sorted(RESERVED_TEMPLATE_VARS.intersection(chat_template_kwargs))
+            if reserved:
+                raise ValidationError(
+                    f"chat_template_kwargs may not set {', '.join(reserved)}; "
+                    "use the request's own fields",
+                    param="chat_template_kwargs",
+                )
+            context.update(chat_template_kwargs)
+        context.update(
+            messages=msgs,
+            tools=list(tools) if tools else None,
+            documents=list(documents) if documents else None,
+            add_generation_prompt=add_generation_prompt,
+        )
+        try:
+            rendered = self._template.render(context)
+        except jinja2.TemplateError as exc:
+            raise ValidationError(
+                f"chat template error: {exc.message or type(exc).__name__}", param="messages"
+            ) from exc
+        except Exception as exc:  # a template is arbitrary code; any failure is the input's
+            raise ValidationError(
+                f"chat template rendering failed: {type(exc).__name__}: {exc}", param="messages"
+            ) from exc
+        if continue_final_message:
+            final = msgs[-1].get("content") if msgs else None
+            if not isinstance(final, str):
+                raise ValidationError(
+                    "continue_final_message needs a final message with text content",
+                    param="continue_final_message",
+                )
+            rendered = _truncate_to_final_message(rendered, final)
+        return rendered
