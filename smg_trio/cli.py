@@ -1,0 +1,329 @@
+"""``python -m smg_trio``: serve, launch, mock-engine, conformance and version subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import signal
+import sys
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from smg_trio import __version__
+
+__all__ = ["main"]
+
+log = logging.getLogger("smg_trio")
+
+_ENV_PREFIX = "SMG_TRIO_"
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, ensure_ascii=False)
+
+
+def _setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("hypercorn.access", "quart.serving"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _default_backend() -> str:
+    for name in ("vllm", "tokenspeed"):
+        if importlib.util.find_spec(name) is not None:
+            return name
+    return "mock"
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("gateway")
+    g.add_argument("--host", default="127.0.0.1", help="HTTP bind host (default %(default)s)")
+    g.add_argument(
+        "--port", type=int, default=8080, help="HTTP port; 0 picks a free one (default %(default)s)"
+    )
+    g.add_argument("--served-model-name", help="model id clients send (default: the model path)")
+    g.add_argument(
+        "--policy",
+        default="round_robin",
+        choices=["round_robin", "random", "least_load", "power_of_two"],
+        help="load-balancing policy across workers of a model (default %(default)s)",
+    )
+    g.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on inference endpoints")
+    g.add_argument("--admin-api-key", help="require this bearer key on /workers")
+    g.add_argument("--reasoning-parser", help="split <think> reasoning: qwen3 or deepseek_r1")
+    g.add_argument("--max-n", type=int, default=16, help="largest n accepted (default %(default)s)")
+    g.add_argument(
+        "--worker-startup-timeout-secs",
+        type=float,
+        default=600.0,
+        help="per-stage engine handshake deadline in seconds (default %(default)s)",
+    )
+    g.add_argument(
+        "--engine-silence-timeout-secs",
+        type=float,
+        default=300.0,
+        help="fail in-flight requests after this long without engine output (default %(default)s)",
+    )
+    g.add_argument(
+        "--shutdown-grace-period-secs",
+        type=float,
+        default=30.0,
+        help="on SIGINT/SIGTERM, how long in-flight requests may finish (default %(default)s)",
+    )
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--log-format", default="text", choices=["text", "json"])
+    g.add_argument("--config", help="a TOML or JSON file of flag values (flag names with _)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m smg_trio",
+        description="An OpenAI-compatible gateway that drives vLLM and TokenSpeed engines over ZMQ.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser(
+        "serve",
+        help="launch headless engines and the gateway",
+        description="Launch --dp-size headless engines as child processes and serve them. "
+        "Engine arguments go after '--'. Every flag also reads SMG_TRIO_<FLAG> from the environment.",
+    )
+    s.add_argument(
+        "--backend",
+        choices=["vllm", "tokenspeed", "mock"],
+        default=None,
+        help="engine to launch (default: vllm or tokenspeed if installed, else the built-in mock)",
+    )
+    s.add_argument(
+        "--model", help="local model directory (default for mock: a generated tiny model)"
+    )
+    s.add_argument("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1,
+                   help="independent engine workers (default %(default)s)")  # fmt: skip
+    s.add_argument(
+        "--worker-base-port",
+        type=int,
+        default=31000,
+        help="first worker port (default %(default)s)",
+    )
+    s.add_argument(
+        "--socket-dir", help="ipc socket dir (default $SMG_ZMQ_SOCKET_DIR or /tmp/smg-zmq-<uid>)"
+    )
+    s.add_argument(
+        "--engine-python",
+        help="python interpreter that runs the engines, e.g. a separate vLLM virtualenv's "
+        "bin/python (default: this interpreter)",
+    )
+    _common(s)
+
+    la = sub.add_parser(
+        "launch",
+        help="run only the gateway, for engines started elsewhere",
+        description="Bind each worker's sockets and wait for its engines to dial in.",
+    )
+    la.add_argument(
+        "--worker-urls", nargs="+", required=False, default=None, help="ipc:// worker URLs"
+    )
+    la.add_argument(
+        "--backend",
+        choices=["vllm", "tokenspeed"],
+        default="vllm",
+        help="engine wire (default %(default)s)",
+    )
+    la.add_argument(
+        "--model-path", help="local model directory (tokenizer, chat template, EOS ids)"
+    )
+    la.add_argument(
+        "--zmq-engine-count", type=int, default=1, help="engines (DP ranks) per worker URL"
+    )
+    la.add_argument("--zmq-handshake-address", help="tcp:// handshake override (single worker)")
+    _common(la)
+
+    sub.add_parser("mock-engine", help="run the mock engine (see --help)", add_help=False)
+    sub.add_parser("conformance", help="run the conformance runner (see --help)", add_help=False)
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+def _apply_env_and_file(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]
+) -> None:
+    """Precedence: command line > SMG_TRIO_<FLAG> env > --config file > defaults."""
+    file_values: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        path = Path(args.config)
+        text = path.read_text()
+        file_values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    subparser = sub.choices[args.command]
+    for action in subparser._actions:
+        if not action.option_strings or action.dest in ("help", "config"):
+            continue
+        if any(o in given for o in action.option_strings):
+            continue
+        env = os.environ.get(_ENV_PREFIX + action.dest.upper())
+        raw: Any = env if env is not None else file_values.get(action.dest)
+        if raw is None:
+            continue
+        if action.nargs == "+" and isinstance(raw, str):
+            raw = raw.split(",")
+        elif action.type is not None and isinstance(raw, str):
+            raw = action.type(raw)  # type: ignore[operator,unused-ignore]
+        if action.choices is not None and raw not in action.choices:
+            choices = ", ".join(map(repr, action.choices))
+            subparser.error(
+                f"argument {'/'.join(action.option_strings)}: invalid choice: {raw!r} "
+                f"(from {_ENV_PREFIX + action.dest.upper()} or --config; choose from {choices})"
+            )
+        setattr(args, action.dest, raw)
+
+
+def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
+    from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
+
+    common: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "served_model_name": args.served_model_name,
+        "policy": args.policy,
+        "api_key": args.api_key,
+        "admin_api_key": args.admin_api_key,
+        "reasoning_parser": args.reasoning_parser,
+        "max_n": args.max_n,
+        "worker_startup_timeout_s": args.worker_startup_timeout_secs,
+        "engine_silence_timeout_s": args.engine_silence_timeout_secs,
+        "shutdown_grace_period_s": args.shutdown_grace_period_secs,
+    }
+    if args.command == "serve":
+        backend = args.backend or _default_backend()
+        model = args.model
+        extra = list(engine_args)
+        if backend == "mock":
+            from smg_trio.testing.tiny_model import default_tiny_model_dir
+            from smg_trio.tokenizer.core import Tokenizer
+
+            model = model or str(default_tiny_model_dir())
+            tok = Tokenizer.from_dir(model)
+            if tok.eos_token_id is not None and "--eos-token-id" not in extra:
+                extra += ["--eos-token-id", str(tok.eos_token_id)]
+            log.warning(
+                "backend 'mock': the built-in mock engine produces SYNTHETIC text, not a model's output"
+            )
+        if model is None:
+            raise SystemExit(f"serve --backend {backend} needs --model DIR")
+        if args.served_model_name is None and backend == "mock":
+            common["served_model_name"] = "mock-tiny"
+        return GatewayConfig(
+            model_path=model,
+            engines=EngineLaunchConfig(
+                backend=backend,
+                model=model,
+                dp_size=args.dp_size,
+                worker_base_port=args.worker_base_port,
+                engine_args=tuple(extra),
+                socket_dir=args.socket_dir,
+                python=args.engine_python,
+            ),
+            **common,
+        )
+    if not args.worker_urls:
+        raise SystemExit("launch needs --worker-urls ipc://...")
+    if not args.model_path:
+        raise SystemExit("launch needs --model-path DIR (the gateway tokenizes)")
+    return GatewayConfig(
+        worker_urls=tuple(args.worker_urls),
+        backend=args.backend,
+        model_path=args.model_path,
+        zmq_engine_count=args.zmq_engine_count,
+        zmq_handshake_address=args.zmq_handshake_address,
+        **common,
+    )
+
+
+async def _run_gateway(config: Any) -> None:
+    from smg_trio.serve import ServeHandle, serve
+
+    handle: ServeHandle | None = None
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def on_signal() -> None:
+                # Watched from the start: a signal during a slow engine startup stops at once.
+                async for signum in signals:
+                    log.info("received %s: draining", signal.Signals(signum).name)
+                    if handle is not None:
+                        handle.manager.start_draining()
+                        with trio.move_on_after(config.shutdown_grace_period_s):
+                            await handle.manager.wait_idle()
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(on_signal)
+            handle = await nursery.start(serve, config)
+            print(f"smg_trio ready on {handle.base_url} (models: "
+                  f"{', '.join(m.model_id for m in handle.manager.list_models())})", flush=True)  # fmt: skip
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["mock-engine"]:
+        from smg_trio.testing.mock_engine import main as mock_main
+
+        return mock_main(argv[1:])
+    if argv[:1] == ["conformance"]:
+        from conformance import main as conformance_main
+
+        return conformance_main(argv[1:])
+    engine_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, engine_args = argv[:i], argv[i + 1 :]
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "version":
+        print(__version__)
+        return 0
+    _apply_env_and_file(parser, args, argv)
+    _setup_logging(args.log_level, args.log_format)
+    config = _config_from_args(args, engine_args)
+    try:
+        trio.run(_run_gateway, config)
+    except BaseException as exc:  # report every leaf of an exception group, then exit non-zero
+        if isinstance(exc, KeyboardInterrupt):
+            return 130
+        for leaf in _leaves(exc):
+            if isinstance(leaf, (trio.Cancelled, KeyboardInterrupt)):
+                continue
+            print(f"smg_trio: error: {leaf}", file=sys.stderr)
+        return 1
+    return 0

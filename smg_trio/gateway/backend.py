@@ -1,0 +1,127 @@
+"""The seam between the HTTP front and the worker layer: served models, leases, readiness."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol
+
+import attrs
+
+from smg_trio.connector.client import EngineClient
+from smg_trio.errors import SmgError
+from smg_trio.protocol.types import EngineProtocol
+from smg_trio.tokenizer.core import Tokenizer
+
+__all__ = [
+    "GatewayBackend",
+    "NoWorkerAvailable",
+    "Readiness",
+    "ServedModel",
+    "StaticBackend",
+    "WorkerLease",
+]
+
+
+class NoWorkerAvailable(SmgError):
+    """The model exists but no healthy worker can take the request now (HTTP 503)."""
+
+
+@attrs.define
+class ServedModel:
+    """A model the gateway serves: its tokenizer and EOS ids, the engine dialect, and the
+    context length in tokens (from the engine registration)."""
+
+    model_id: str
+    tokenizer: Tokenizer
+    protocol: EngineProtocol
+    max_model_len: int
+    eos_token_id: int | None = None
+    extra_eos_token_ids: list[int] = attrs.field(factory=list)
+    reasoning_parser: str | None = None
+    created: int = attrs.field(factory=lambda: int(time.time()))
+    owned_by: str = "smg_trio"
+
+
+@attrs.define
+class WorkerLease:
+    """One request's use of one worker's engine client."""
+
+    worker_id: str
+    client: EngineClient
+
+
+@attrs.frozen
+class Readiness:
+    """``/readiness`` verdict: ``reason`` is empty when ready."""
+
+    ready: bool
+    reason: str
+    healthy_workers: int
+    total_workers: int
+
+
+class GatewayBackend(Protocol):
+    """What the HTTP front needs. Implemented by the worker manager and by
+    :class:`StaticBackend` (fixed clients, for tests and embedding)."""
+
+    @property
+    def draining(self) -> bool:
+        """True once shutdown began: readiness fails and new requests get 503."""
+
+    def list_models(self) -> Sequence[ServedModel]:
+        """Models with at least one registered worker."""
+
+    def get_model(self, model_id: str) -> ServedModel | None:
+        """Exact-match lookup (model ids are case- and space-sensitive)."""
+
+    def lease(self, model_id: str) -> AbstractContextManager[WorkerLease]:
+        """``with backend.lease(model) as lease:`` picks a worker by the load-balancing policy
+        and holds an in-flight slot; an ``EngineError`` escaping the block counts against the
+        worker's circuit breaker, anything else (client 4xx included) does not. Raises
+        :class:`NoWorkerAvailable`."""
+
+    def readiness(self) -> Readiness:
+        """Ready when a worker and its tokenizer are ready and the gateway is not draining."""
+
+
+class StaticBackend:
+    """A fixed set of (model, clients); round-robin among a model's live clients."""
+
+    def __init__(self, entries: Sequence[tuple[ServedModel, Sequence[EngineClient]]]) -> None:
+        self._models = {m.model_id: m for m, _ in entries}
+        self._clients = {m.model_id: list(c) for m, c in entries}
+        self._next = dict.fromkeys(self._models, 0)
+        self._draining = False
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def start_draining(self) -> None:
+        """Flip readiness to 503 and refuse new requests."""
+        self._draining = True
+
+    def list_models(self) -> Sequence[ServedModel]:
+        return list(self._models.values())
+
+    def get_model(self, model_id: str) -> ServedModel | None:
+        return self._models.get(model_id)
+
+    @contextmanager
+    def lease(self, model_id: str) -> Iterator[WorkerLease]:
+        clients = [c for c in self._clients.get(model_id, []) if c.alive]
+        if not clients:
+            raise NoWorkerAvailable(f"no healthy worker for model {model_id!r}")
+        i = self._next[model_id] = (self._next[model_id] + 1) % len(clients)
+        yield WorkerLease(worker_id=f"{model_id}-{i}", client=clients[i])
+
+    def readiness(self) -> Readiness:
+        total = sum(len(c) for c in self._clients.values())
+        healthy = sum(1 for cs in self._clients.values() for c in cs if c.alive)
+        if self._draining:
+            return Readiness(False, "draining", healthy, total)
+        if healthy == 0:
+            return Readiness(False, "insufficient healthy workers", healthy, total)
+        return Readiness(True, "", healthy, total)

@@ -1,0 +1,166 @@
+"""Engine command lines for ``serve``, built as smg's launcher builds them (smg 1.13.0 ``serve.py``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import attrs
+
+from smg_trio.protocol.addresses import derive_handshake_port, worker_addresses
+
+__all__ = [
+    "EngineLaunch",
+    "build_engine_command",
+    "default_socket_dir",
+    "filter_owned_flags",
+    "reject_handshake_collisions",
+    "tokenspeed_dist_port",
+    "worker_url",
+]
+
+#: TokenSpeed derives its control-plane ports from ``--port`` (``ZMQ_TCP_PORT_DELTA``).
+_TS_PORT_DELTA = 233
+_VLLM_OWNED = (
+    "--model",
+    "--headless",
+    "--data-parallel-size",
+    "--data-parallel-size-local",
+    "--data-parallel-address",
+    "--data-parallel-rpc-port",
+)
+_TS_OWNED = (
+    "--model",
+    "--headless",
+    "--port",
+    "--dist-init-addr",
+    "--data-parallel-address",
+    "--data-parallel-rpc-port",
+    "--zmq-engine-index",
+)
+
+
+def default_socket_dir() -> str:
+    """``$SMG_ZMQ_SOCKET_DIR`` or the per-user ``/tmp/smg-zmq-<uid>``."""
+    return os.environ.get("SMG_ZMQ_SOCKET_DIR") or f"/tmp/smg-zmq-{os.getuid()}"
+
+
+def worker_url(port: int, socket_dir: str | None = None) -> str:
+    """``ipc://<socket dir>/engine-<port>``."""
+    return f"ipc://{socket_dir or default_socket_dir()}/engine-{port}"
+
+
+def tokenspeed_dist_port(port: int) -> int:
+    """TokenSpeed's ``--dist-init-addr`` port: ``port + 233`` (or ``- 233`` above 65535),
+    moved out of the 20000..29999 handshake band."""
+    dist = port + _TS_PORT_DELTA if port + _TS_PORT_DELTA <= 65535 else port - _TS_PORT_DELTA
+    if 20000 <= dist <= 29999:
+        dist += 10000
+    return dist
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def filter_owned_flags(args: Sequence[str], owned: Sequence[str]) -> list[str]:
+    """Drop launcher-owned flags (``--flag v`` and ``--flag=v`` forms). A following token is
+    consumed only when it does not start with ``-``."""
+    out: list[str] = []
+    skip = False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in owned:
+            if "=" not in a and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                skip = True
+            continue
+        out.append(a)
+    return out
+
+
+def reject_handshake_collisions(urls: Sequence[str]) -> None:
+    """Raise ``ValueError`` naming both URLs when two workers derive the same handshake port."""
+    seen: dict[int, str] = {}
+    for url in urls:
+        port = derive_handshake_port(url)
+        if port in seen:
+            raise ValueError(
+                f"handshake port collision: {seen[port]} and {url} both derive "
+                f"tcp://127.0.0.1:{port}; adjust --worker-base-port"
+            )
+        seen[port] = url
+
+
+@attrs.frozen
+class EngineLaunch:
+    """One engine process to start for one worker."""
+
+    worker_url: str
+    argv: list[str]
+    engine_count: int
+    env: dict[str, str]
+
+
+def build_engine_command(
+    backend: str,
+    model: str,
+    *,
+    port: int,
+    socket_dir: str | None = None,
+    engine_args: Sequence[str] = (),
+    python: str | None = None,
+) -> EngineLaunch:
+    """The engine command for one worker on ``port``.
+
+    ``backend`` is ``vllm`` (``vllm serve --headless`` dialing the derived handshake port),
+    ``tokenspeed`` (``tokenspeed.cli serve --headless``) or ``mock`` (our mock engine over the
+    vLLM wire). Raises ``ValueError`` for a backend without a ZMQ wire.
+    """
+    py = python or sys.executable
+    url = worker_url(port, socket_dir)
+    addrs = worker_addresses(url)
+    hs_port = addrs.handshake.rsplit(":", 1)[1]
+    env = {"PYTHONUNBUFFERED": "1"}
+    if backend == "vllm":
+        n = int(_flag_value(engine_args, "--data-parallel-size") or 1)
+        argv = [
+            py, "-m", "vllm.entrypoints.cli.main", "serve", model, "--headless",
+            "--data-parallel-size", str(n), "--data-parallel-size-local", str(n),
+            "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", hs_port,
+            *filter_owned_flags(engine_args, _VLLM_OWNED),
+        ]  # fmt: skip
+        return EngineLaunch(url, argv, n, env)
+    if backend == "tokenspeed":
+        n = int(_flag_value(engine_args, "--data-parallel-size") or 1)
+        rest = filter_owned_flags(engine_args, _TS_OWNED)
+        argv = [
+            py, "-m", "tokenspeed.cli", "serve", "--headless", "--model", model,
+            "--port", str(port), "--dist-init-addr", f"127.0.0.1:{tokenspeed_dist_port(port)}",
+            "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", hs_port,
+            "--zmq-engine-index", "0",
+        ]  # fmt: skip
+        if not _has_flag(rest, "--grammar-backend"):
+            argv += ["--grammar-backend", "xgrammar"]
+        if not _has_flag(rest, "--enable-output-logprobs"):
+            argv.append("--enable-output-logprobs")
+        return EngineLaunch(url, argv + rest, n, env)
+    if backend == "mock":
+        argv = [
+            py, "-m", "smg_trio.testing.mock_engine", "--handshake", addrs.handshake,
+            *engine_args,
+        ]  # fmt: skip
+        return EngineLaunch(url, argv, 1, env)
+    raise ValueError(f"backend {backend!r} has no ZMQ wire; use vllm, tokenspeed or mock")

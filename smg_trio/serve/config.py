@@ -1,0 +1,45 @@
+"""``GatewayConfig``: every knob of ``serve``/``launch``, in seconds and tokens, with env fallbacks."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["EngineLaunchConfig", "GatewayConfig"]
+
+
+@attrs.frozen
+class EngineLaunchConfig:
+    """Engines ``serve`` launches as child processes: ``dp_size`` independent workers of
+    ``backend`` on ports from ``worker_base_port``; ``engine_args`` pass through verbatim."""
+
+    backend: str = "mock"
+    model: str | None = None
+    dp_size: int = 1
+    worker_base_port: int = 31000
+    engine_args: tuple[str, ...] = ()
+    socket_dir: str | None = None
+    python: str | None = None
+
+
+@attrs.frozen
+class GatewayConfig:
+    """The gateway. ``worker_urls`` are engines started elsewhere (``launch``); ``engines``
+    makes ``serve`` start them itself. Durations are seconds."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    worker_urls: tuple[str, ...] = ()
+    backend: str = "vllm"
+    model_path: str | None = None
+    served_model_name: str | None = None
+    zmq_engine_count: int = 1
+    zmq_handshake_address: str | None = None
+    policy: str = "round_robin"
+    api_key: str | None = None
+    admin_api_key: str | None = None
+    reasoning_parser: str | None = None
+    max_n: int = 16
+    worker_startup_timeout_s: float = 600.0
+    engine_silence_timeout_s: float = 300.0
+    shutdown_grace_period_s: float = 30.0
+    engines: EngineLaunchConfig | None = None

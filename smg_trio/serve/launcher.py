@@ -1,0 +1,105 @@
+"""Engine child processes in the serve nursery: log forwarding, exit detection, group kill."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+
+import trio
+
+from smg_trio.errors import SmgError
+from smg_trio.serve.commands import EngineLaunch
+
+__all__ = ["ENGINE_STOP_GRACE_S", "EngineExited", "run_engine_process"]
+
+log = logging.getLogger(__name__)
+
+#: SIGTERM to SIGKILL: long enough for vLLM to tear down its EngineCore child cleanly.
+ENGINE_STOP_GRACE_S = 10.0
+_TAIL_LINES = 40
+
+
+class EngineExited(SmgError):
+    """An engine process exited on its own. ``returncode`` and the ``tail`` of its log."""
+
+    def __init__(self, name: str, returncode: int, tail: list[str]) -> None:
+        text = "\n".join(f"  {line}" for line in tail[-15:])
+        super().__init__(f"engine {name} exited with code {returncode}; last log lines:\n{text}")
+        self.name = name
+        self.returncode = returncode
+        self.tail = tail
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def _stop_group(proc: trio.Process) -> None:
+    """``deliver_cancel`` for ``run_process``: SIGTERM the process group, then SIGKILL it."""
+    _killpg(proc.pid, signal.SIGTERM)
+    with trio.move_on_after(ENGINE_STOP_GRACE_S):
+        await proc.wait()
+    _killpg(proc.pid, signal.SIGKILL)
+
+
+async def _forward(stream: trio.abc.ReceiveStream, name: str, tail: deque[str]) -> None:
+    buf = b""
+    async for chunk in stream:
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace").rstrip()
+            tail.append(line)
+            log.info("[%s] %s", name, line)
+    if buf:
+        tail.append(buf.decode(errors="replace"))
+        log.info("[%s] %s", name, tail[-1])
+
+
+async def run_engine_process(
+    launch: EngineLaunch,
+    *,
+    name: str,
+    on_exit: Callable[[EngineExited], None] | None = None,
+    task_status: trio.TaskStatus[trio.Process] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one engine in its own process group until cancelled.
+
+    Cancellation stops the whole group (SIGTERM, then SIGKILL after ``ENGINE_STOP_GRACE_S``),
+    so no orphan survives. If the engine exits by itself, ``on_exit`` is called at once (the
+    caller fails the worker's in-flight requests) and :class:`EngineExited` is raised.
+    """
+    tail: deque[str] = deque(maxlen=_TAIL_LINES)
+    env = {**os.environ, **launch.env}
+    async with trio.open_nursery() as nursery:
+        proc: trio.Process = await nursery.start(
+            partial(
+                trio.run_process,
+                launch.argv,
+                env=env,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                check=False,
+                deliver_cancel=_stop_group,
+            )
+        )
+        log.info("launched %s (pid %d): %s", name, proc.pid, " ".join(launch.argv))
+        task_status.started(proc)
+        assert proc.stdout is not None
+        await _forward(proc.stdout, name, tail)
+        code = await proc.wait()
+        _killpg(proc.pid, signal.SIGKILL)  # children left in the group, if any
+        exc = EngineExited(name, code, list(tail))
+        if on_exit is not None:
+            on_exit(exc)
+        raise exc

@@ -1,0 +1,493 @@
+"""Worker lifecycle: the registration workflow, per-worker connection supervisors that
+re-handshake restarted engines, removal with drain, and the gateway's backend view."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from smg_trio.connector.client import (
+    ENGINE_SILENCE_DEATH_TIMEOUT_S,
+    EngineClient,
+    open_engine_client,
+)
+from smg_trio.errors import EngineError, HandshakeError, SmgError, ValidationError
+from smg_trio.gateway.backend import NoWorkerAvailable, Readiness, ServedModel, WorkerLease
+from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
+from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
+from smg_trio.protocol.types import EngineProtocol
+from smg_trio.protocol.vllm import VllmProtocol
+from smg_trio.tokenizer.core import Tokenizer
+from smg_trio.tokenizer.eos import resolve_eos
+from smg_trio.transport.handshake import READY_TIMEOUT_S
+from smg_trio.worker.policies import LoadBalancingPolicy, make_policy
+from smg_trio.worker.registry import Worker, WorkerConflictError, WorkerRegistry
+from smg_trio.workflow import (
+    StepDefinition,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowEngine,
+    WorkflowResult,
+    WorkflowStatus,
+)
+
+__all__ = ["RegistrationJob", "WorkerManager", "WorkerSpec", "WorkerState"]
+
+log = logging.getLogger(__name__)
+
+Runtime = Literal["vllm", "tokenspeed"]
+#: Pause between re-bind attempts after an engine died or a re-handshake failed.
+REBIND_BACKOFF_S = 0.5
+#: How long removal waits for a worker's in-flight requests before cancelling them.
+DRAIN_TIMEOUT_S = 30.0
+
+_PROTOCOLS: dict[str, type[VllmProtocol] | type[TokenSpeedProtocol]] = {
+    "vllm": VllmProtocol,
+    "tokenspeed": TokenSpeedProtocol,
+}
+
+
+@attrs.frozen
+class WorkerSpec:
+    """What ``POST /workers`` or ``--worker-urls`` asks for. ``dp_size`` is the number of
+    engines (DP ranks) that dial this worker's one socket set."""
+
+    url: str
+    model_path: str | None = None
+    model_id: str | None = None
+    runtime_type: str | None = None
+    zmq_handshake_address: str | None = None
+    dp_size: int = 1
+    reasoning_parser: str | None = None
+
+
+@attrs.define(eq=False, kw_only=True)
+class WorkerState(Worker):
+    """A registered worker (:class:`~smg_trio.worker.registry.Worker`) plus its lifecycle:
+    the spec it came from, its addresses, and the cancel scopes of its registration and of its
+    connection supervisor."""
+
+    spec: WorkerSpec
+    addresses: WorkerAddresses
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    registration_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    idle: trio.Event = attrs.field(factory=trio.Event)
+    connected: trio.Event = attrs.field(factory=trio.Event)
+    last_error: str | None = None
+
+    @property
+    def engine_client(self) -> EngineClient | None:
+        """The live engine client, if connected."""
+        return self.client if isinstance(self.client, EngineClient) else None
+
+    @property
+    def healthy(self) -> bool:
+        """Routable: ready, circuit closed, and the engine client alive."""
+        c = self.engine_client
+        return super().healthy and c is not None and c.alive
+
+    def load_score(self) -> float:
+        """Own in-flight floor vs the engines' reported running + waiting (requests)."""
+        c = self.engine_client
+        if c is not None:
+            self.loads = tuple(c.load())
+        return super().load_score()
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``/workers`` representation."""
+        c = self.engine_client
+        return {
+            "id": self.worker_id,
+            "url": self.url,
+            "model_id": self.model_id,
+            "runtime_type": self.runtime,
+            "status": self.status,
+            "healthy": self.healthy,
+            "dp_size": self.dp_size,
+            "zmq_handshake_address": self.handshake_address,
+            "inflight": self.inflight,
+            "circuit": str(self.circuit.state),
+            "metadata": self.metadata,
+            "last_error": self.last_error,
+            "load": [
+                {
+                    "num_running": ld.num_running,
+                    "num_waiting": ld.num_waiting,
+                    "kv_cache_usage": ld.kv_cache_usage,
+                }
+                for ld in (c.load() if c else [])
+            ],
+        }
+
+
+@attrs.define(eq=False)
+class RegistrationJob:
+    """One registration workflow run (``GET /workers/jobs/{id}``)."""
+
+    job_id: str
+    spec: WorkerSpec
+    status: Literal["pending", "running", "succeeded", "failed", "cancelled"] = "pending"
+    worker_id: str | None = None
+    error: str | None = None
+    steps: dict[str, str] = attrs.field(factory=dict)
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+    def to_json(self) -> dict[str, Any]:
+        """The job status document."""
+        return {
+            "job_id": self.job_id,
+            "status": self.status,
+            "worker_id": self.worker_id,
+            "url": self.spec.url,
+            "error": self.error,
+            "steps": self.steps,
+        }
+
+
+def _model_id_for(spec: WorkerSpec) -> str:
+    if spec.model_id:
+        return spec.model_id
+    if spec.model_path:
+        return spec.model_path
+    raise ValidationError("a worker needs model_path or model_id", param="model_path")
+
+
+def _config_max_len(model_path: str) -> int | None:
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = cfg.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
+
+
+class WorkerManager:
+    """Owns every worker's connection nursery and implements the gateway backend.
+
+    Construct inside a nursery: ``manager = WorkerManager(nursery, policy="round_robin")``.
+    Cancelling that nursery stops every worker (sockets closed, in-flight requests failed).
+    """
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        policy: str = "round_robin",
+        ready_timeout_s: float = READY_TIMEOUT_S,
+        silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
+        drain_timeout_s: float = DRAIN_TIMEOUT_S,
+    ) -> None:
+        self._nursery = nursery
+        self.policy: LoadBalancingPolicy = make_policy(policy)
+        self.ready_timeout_s = ready_timeout_s
+        self.silence_timeout_s = silence_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.registry = WorkerRegistry()
+        self.jobs: dict[str, RegistrationJob] = {}
+        self.models: dict[str, ServedModel] = {}
+        self._draining = False
+        self.engine = WorkflowEngine()
+        self.definition = self._registration_definition()
+
+    # -- GatewayBackend ------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def start_draining(self) -> None:
+        """Readiness goes 503 and new requests are refused."""
+        self._draining = True
+
+    def list_models(self) -> Sequence[ServedModel]:
+        return list(self.models.values())
+
+    def get_model(self, model_id: str) -> ServedModel | None:
+        return self.models.get(model_id)
+
+    @contextmanager
+    def lease(self, model_id: str) -> Iterator[WorkerLease]:
+        if self._draining:
+            raise NoWorkerAvailable("the gateway is draining")
+        worker = self.registry.select(model_id, self.policy)
+        if not isinstance(worker, WorkerState) or worker.engine_client is None:
+            raise NoWorkerAvailable(f"no healthy worker for model {model_id!r}")
+        client = worker.engine_client
+        worker.inflight += 1
+        if worker.idle.is_set():
+            worker.idle = trio.Event()
+        try:
+            yield WorkerLease(worker_id=worker.worker_id, client=client)
+        except EngineError:
+            worker.circuit.record_failure()
+            raise
+        else:
+            worker.circuit.record_success()
+        finally:
+            worker.inflight -= 1
+            if worker.inflight == 0:
+                worker.idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no worker has requests in flight."""
+        while True:
+            busy = [w for w in self.workers if w.inflight > 0]
+            if not busy:
+                return
+            await busy[0].idle.wait()
+
+    def readiness(self) -> Readiness:
+        total = len(self.registry)
+        healthy = sum(1 for w in self.registry if w.healthy)
+        if self._draining:
+            return Readiness(False, "draining", healthy, total)
+        if healthy == 0:
+            return Readiness(False, "insufficient healthy workers", healthy, total)
+        return Readiness(True, "", healthy, total)
+
+    # -- registration --------------------------------------------------------------------
+
+    def validate_spec(self, spec: WorkerSpec) -> tuple[Runtime, WorkerAddresses]:
+        """Step 1 and 2 of registration, synchronously (so ``POST /workers`` can 400 at once).
+
+        Raises ``ValidationError`` naming the field, or the conflicting worker's URL.
+        """
+        runtime = spec.runtime_type
+        if runtime is None:
+            log.warning("worker %s has no runtime_type; assuming vllm", spec.url)
+            runtime = "vllm"
+        if runtime not in _PROTOCOLS:
+            raise ValidationError(
+                f"runtime_type must be vllm or tokenspeed (the ZMQ wires), got {runtime!r}",
+                param="runtime_type",
+            )
+        if spec.dp_size < 1:
+            raise ValidationError("dp_size must be >= 1", param="dp_size")
+        try:
+            addrs = worker_addresses(spec.url, spec.zmq_handshake_address)
+        except ValueError as exc:
+            raise ValidationError(
+                str(exc), param="url" if "URL" in str(exc) else "zmq_handshake_address"
+            ) from exc
+        _model_id_for(spec)
+        return runtime, addrs  # type: ignore[return-value]
+
+    def add_worker(self, spec: WorkerSpec) -> RegistrationJob:
+        """Validate (raises ``ValidationError``), reserve the worker, and start its registration
+        workflow in the manager's nursery. Returns the job at once."""
+        runtime, addrs = self.validate_spec(spec)
+        worker = WorkerState(
+            url=spec.url,
+            model_id=_model_id_for(spec),
+            runtime=runtime,
+            dp_size=spec.dp_size,
+            handshake_address=addrs.handshake,
+            spec=spec,
+            addresses=addrs,
+        )
+        try:
+            self.registry.register(worker)
+        except WorkerConflictError as exc:
+            param = "url" if exc.existing_url == spec.url else "zmq_handshake_address"
+            raise ValidationError(
+                str(exc), param=param, code="worker_conflict", status=409
+            ) from exc
+        job = RegistrationJob(job_id=str(uuid.uuid4()), spec=spec, worker_id=worker.worker_id)
+        self.jobs[job.job_id] = job
+        self._nursery.start_soon(self._run_registration, job, worker)
+        return job
+
+    async def register(self, spec: WorkerSpec) -> WorkerState:
+        """Add a worker and wait until its registration finished. Raises ``SmgError`` with the
+        job's error if it failed."""
+        job = self.add_worker(spec)
+        await job.done.wait()
+        if job.status != "succeeded":
+            raise SmgError(f"worker {spec.url} failed to register: {job.error}")
+        assert job.worker_id is not None
+        worker = self.registry.get(job.worker_id)
+        assert isinstance(worker, WorkerState)
+        return worker
+
+    def _registration_definition(self) -> WorkflowDefinition:
+        async def load_tokenizer(ctx: WorkflowContext) -> None:
+            worker: WorkerState = ctx.get("worker")
+            path = worker.spec.model_path
+            if path is None or not await trio.Path(path).is_dir():
+                raise ValidationError(
+                    f"model_path {path!r} is not a local model directory (the ZMQ wire carries "
+                    "token ids only, so the gateway needs the tokenizer)",
+                    param="model_path",
+                )
+            tok = Tokenizer.from_dir(path)
+            eos, extra = resolve_eos(path, tok)
+            ctx.set("tokenizer", tok)
+            ctx.set("eos", (eos, extra))
+            if worker.model_id not in self.models:
+                # Known (so requests get 503, not 404) before the engine is ready.
+                self.models[worker.model_id] = ServedModel(
+                    model_id=worker.model_id,
+                    tokenizer=tok,
+                    protocol=_PROTOCOLS[worker.runtime](),
+                    max_model_len=_config_max_len(path) or 2048,
+                    eos_token_id=eos,
+                    extra_eos_token_ids=list(extra),
+                    reasoning_parser=worker.spec.reasoning_parser,
+                )
+
+        async def connect(ctx: WorkflowContext) -> None:
+            worker: WorkerState = ctx.get("worker")
+            self._nursery.start_soon(self._supervise, worker)
+            with trio.fail_after(self.ready_timeout_s + 5):
+                await worker.connected.wait()
+            if worker.client is None:
+                raise HandshakeError(worker.last_error or "engine handshake failed")
+
+        async def discover(ctx: WorkflowContext) -> None:
+            worker: WorkerState = ctx.get("worker")
+            assert worker.client is not None
+            ready = worker.client.ready_responses[0]
+            worker.metadata.update(
+                max_model_len=ready.max_model_len,
+                engine_version=ready.vllm_version,
+                dtype=ready.dtype,
+                data_parallel_size=ready.data_parallel_size,
+                engine_count=len(worker.client.engines),
+                block_size=ready.block_size_tokens,
+            )
+
+        async def activate(ctx: WorkflowContext) -> None:
+            worker: WorkerState = ctx.get("worker")
+            model = self.models.get(worker.model_id)
+            assert worker.client is not None
+            if model is not None:
+                model.max_model_len = worker.client.max_model_len
+            worker.status = "ready"
+            log.info(
+                "worker %s (%s, model %s) is ready",
+                worker.spec.url,
+                worker.runtime,
+                worker.model_id,
+            )
+
+        return WorkflowDefinition(
+            "register_zmq_worker",
+            [
+                StepDefinition("load_tokenizer", load_tokenizer),
+                StepDefinition("connect", connect),
+                StepDefinition("discover_metadata", discover, depends_on=("connect",)),
+                StepDefinition(
+                    "activate", activate, depends_on=("discover_metadata", "load_tokenizer")
+                ),
+            ],
+        )
+
+    async def _run_registration(self, job: RegistrationJob, worker: WorkerState) -> None:
+        ctx = WorkflowContext()
+        ctx.set("worker", worker)
+        job.status = "running"
+        result: WorkflowResult | None = None
+        try:
+            with worker.registration_scope:
+                result = await self.engine.run(self.definition, ctx)
+        except Exception as exc:  # state-store or engine fault: fail loudly
+            job.status, job.error = "failed", f"{type(exc).__name__}: {exc}"
+        else:
+            if result is None:
+                job.status, job.error = "cancelled", "worker removed during registration"
+            else:
+                job.steps = {k: str(v.status) for k, v in result.steps.items()}
+                if result.status is WorkflowStatus.COMPLETED:
+                    job.status = "succeeded"
+                else:
+                    job.status = "failed"
+                    where = f"step {result.failed_step}: " if result.failed_step else ""
+                    job.error = f"{where}{result.error}"
+        if job.status != "succeeded":
+            worker.scope.cancel()
+            self._forget(worker)
+            log.error("registration of %s %s: %s", worker.spec.url, job.status, job.error)
+        job.done.set()
+
+    async def _supervise(self, worker: WorkerState) -> None:
+        """Keep the worker connected: bind + handshake, serve until the engine dies, mark it
+        unhealthy, re-bind and wait for the restarted engine to dial in again."""
+        protocol: EngineProtocol = _PROTOCOLS[worker.runtime]()
+        with worker.scope:
+            while True:
+                try:
+                    async with open_engine_client(
+                        protocol,
+                        worker.addresses,
+                        engine_count=worker.spec.dp_size,
+                        ready_timeout_s=self.ready_timeout_s,
+                        silence_timeout_s=self.silence_timeout_s,
+                    ) as client:
+                        worker.client = client
+                        worker.last_error = None
+                        # A fresh handshake proves the engine healthy: failures of the dead
+                        # engine's requests must not keep the restarted one out for 60 s.
+                        worker.circuit.reset()
+                        if worker.status == "unhealthy":
+                            worker.status = "ready"
+                            log.info("worker %s reconnected", worker.spec.url)
+                        worker.connected.set()
+                        await client.dead_event.wait()
+                        worker.last_error = str(client.dead_reason)
+                except (EngineError, OSError) as exc:
+                    worker.last_error = f"{type(exc).__name__}: {exc}"
+                    log.warning("worker %s: %s", worker.spec.url, worker.last_error)
+                    if not worker.connected.is_set():
+                        worker.connected.set()  # registration sees client None and fails
+                        return
+                worker.client = None
+                if worker.status == "ready":
+                    worker.status = "unhealthy"
+                await trio.sleep(REBIND_BACKOFF_S)
+
+    @property
+    def workers(self) -> list[WorkerState]:
+        """Every registered worker, in registration order."""
+        return [w for w in self.registry if isinstance(w, WorkerState)]
+
+    def get_worker(self, worker_id: str) -> WorkerState | None:
+        """The worker with this id, or ``None``."""
+        w = self.registry.get(worker_id)
+        return w if isinstance(w, WorkerState) else None
+
+    def _forget(self, worker: WorkerState) -> None:
+        if worker.worker_id in self.registry:
+            self.registry.remove(worker.worker_id)
+        worker.status = "removed"
+        if not self.registry.list(model=worker.model_id):
+            self.models.pop(worker.model_id, None)
+
+    def kill_worker_client(self, url: str, reason: str) -> None:
+        """Fail a worker's in-flight requests now (its engine process exited)."""
+        w = self.registry.get_by_url(url)
+        if isinstance(w, WorkerState) and w.engine_client is not None:
+            w.engine_client.kill(reason)
+
+    async def remove_worker(self, worker_id: str) -> bool:
+        """Drain (new requests go elsewhere; in-flight ones get up to ``drain_timeout_s``), then
+        cancel the worker's nursery: handshakes stop, sockets close, remaining requests fail.
+        Returns False for an unknown id."""
+        worker = self.get_worker(worker_id)
+        if worker is None:
+            return False
+        worker.status = "draining"
+        if worker.inflight > 0:
+            with trio.move_on_after(self.drain_timeout_s):
+                await worker.idle.wait()
+        worker.registration_scope.cancel()
+        worker.scope.cancel()
+        self._forget(worker)
+        return True
