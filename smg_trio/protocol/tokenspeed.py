@@ -99,6 +99,10 @@ class SamplingParams(msgspec.Struct, array_like=True, kw_only=True):
         if self.temperature < _GREEDY_EPS:
             self.temperature = 1.0
             self.top_k = 1
+        if self.top_k == 1:
+            # Greedy: TokenSpeed 0.1.1 pins the seed so identical greedy requests break
+            # logit ties the same way (its __post_init__, skipped once is_normalized).
+            self.seed = 0
         if self.top_k == -1:
             self.top_k = TOP_K_DISABLED
         self.stop_strs = []
@@ -281,6 +285,8 @@ def build_sampling_params(req: GenerateRequest) -> SamplingParams:
                 "exactly one structured output constraint is allowed", param="response_format"
             )
         kind = kinds[0]
+        if kind == "json_object" and not so.json_object:
+            raise ValidationError("json_object must be true", param="response_format")
         if kind == "json":
             p.json_schema = so.json if isinstance(so.json, str) else json.dumps(so.json)
         elif kind == "json_object":
