@@ -1,0 +1,127 @@
+"""The worker admin API: ``/workers`` (add, list, get, remove), ``/workers/jobs/{id}`` and
+``/get_loads``, optionally behind ``--admin-api-key``."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from quart import Blueprint, Response, request
+
+from smg_trio.errors import ValidationError
+from smg_trio.gateway.errors import ApiError
+from smg_trio.worker.manager import WorkerManager, WorkerSpec
+
+__all__ = ["admin_blueprint"]
+
+#: ``POST /workers`` fields and their JSON types (``None`` is allowed for every one but url).
+_FIELDS: dict[str, type] = {
+    "url": str,
+    "model_path": str,
+    "model_id": str,
+    "runtime_type": str,
+    "zmq_handshake_address": str,
+    "dp_size": int,
+    "reasoning_parser": str,
+}
+
+
+def _error(exc: ApiError) -> Response:
+    return Response(exc.body(), status=exc.status, content_type="application/json")
+
+
+def _parse_spec(body: Any) -> WorkerSpec:
+    """A ``WorkerSpec`` from the JSON body; raises ``ValidationError`` for a bad shape."""
+    if not isinstance(body, dict):
+        raise ValidationError("the request body must be a JSON object")
+    unknown = sorted(set(body) - set(_FIELDS))
+    if unknown:
+        raise ValidationError(f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
+    kwargs: dict[str, Any] = {}
+    for name, kind in _FIELDS.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValidationError(f"{name} must be a {kind.__name__}", param=name)
+        kwargs[name] = value
+    if "url" not in kwargs:
+        raise ValidationError("url is required", param="url")
+    return WorkerSpec(**kwargs)
+
+
+def admin_blueprint(manager: WorkerManager, *, admin_api_key: str | None) -> Blueprint:
+    """The admin routes over ``manager``. With ``admin_api_key`` every route requires
+    ``Authorization: Bearer <key>`` (401 otherwise)."""
+    bp = Blueprint("smg_admin", __name__)
+    expected = f"Bearer {admin_api_key}".encode() if admin_api_key is not None else None
+
+    @bp.before_request
+    async def _auth() -> Response | None:
+        if expected is None:
+            return None
+        got = request.headers.get("Authorization", "").encode()
+        if hmac.compare_digest(got, expected):
+            return None
+        resp = _error(ApiError(401, "invalid or missing admin API key", code="invalid_api_key"))
+        resp.headers["WWW-Authenticate"] = "Bearer"
+        return resp
+
+    @bp.post("/workers")
+    async def add_worker() -> Response | tuple[dict[str, Any], int, dict[str, str]]:
+        body = await request.get_json(force=True, silent=True)
+        try:
+            if body is None:
+                raise ValidationError("the request body is not valid JSON")
+            job = manager.add_worker(_parse_spec(body))
+        except ValidationError as exc:
+            return _error(ApiError(exc.status, exc.message, param=exc.param, code=exc.code))
+        status_url = f"/workers/jobs/{job.job_id}"
+        doc = {"job_id": job.job_id, "worker_id": job.worker_id, "status_url": status_url}
+        return doc, 202, {"Location": status_url}
+
+    @bp.get("/workers/jobs/<job_id>")
+    async def get_job(job_id: str) -> Response | dict[str, Any]:
+        job = manager.jobs.get(job_id)
+        if job is None:
+            return _error(ApiError(404, f"no job {job_id!r}", code="job_not_found"))
+        return job.to_json()
+
+    @bp.get("/workers")
+    async def list_workers() -> dict[str, Any]:
+        model = request.args.get("model")
+        workers = [w.to_json() for w in manager.workers if model is None or w.model_id == model]
+        return {"workers": workers, "total": len(workers)}
+
+    @bp.get("/workers/<worker_id>")
+    async def get_worker(worker_id: str) -> Response | dict[str, Any]:
+        worker = manager.get_worker(worker_id)
+        if worker is None:
+            return _error(ApiError(404, f"no worker {worker_id!r}", code="worker_not_found"))
+        return worker.to_json()
+
+    @bp.delete("/workers/<worker_id>")
+    async def remove_worker(worker_id: str) -> Response | dict[str, Any]:
+        if not await manager.remove_worker(worker_id):
+            return _error(ApiError(404, f"no worker {worker_id!r}", code="worker_not_found"))
+        return {"id": worker_id, "status": "removed"}
+
+    @bp.get("/get_loads")
+    async def get_loads() -> dict[str, Any]:
+        return {
+            "workers": [
+                {
+                    "worker_id": w.worker_id,
+                    "url": w.url,
+                    "model_id": w.model_id,
+                    "status": w.status,
+                    "inflight": w.inflight,
+                    "loads": [
+                        {"dp_rank": rank, **load} for rank, load in enumerate(w.to_json()["load"])
+                    ],
+                }
+                for w in manager.workers
+            ]
+        }
+
+    return bp
