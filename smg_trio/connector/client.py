@@ -119,7 +119,8 @@ class EngineClient:
 
     def load(self) -> list[EngineLoad]:
         """Per-rank load: the engine's last report, with the running count floored at our own
-        in-flight reservations on that rank."""
+        in-flight reservations on that rank. Indexed like :attr:`engines` (HELLO order, which
+        need not be DP-rank order: ``engines[i].index`` is entry ``i``'s rank)."""
         out = []
         for slot, load in enumerate(self._router.loads):
             own = len(self._router.inflight[slot])
@@ -155,7 +156,7 @@ class EngineClient:
             raise DuplicateRequestId(rid)
         frames = self.protocol.encode_add(request)
         slot = self._router.reserve(rid, request.data_parallel_rank)
-        entry = _Entry(rid, slot, self._identities[slot])
+        entry = _Entry(rid, slot, self._identities[slot], self._router.indices[slot])
         self._registry[rid] = entry
         self._aborted.pop(rid, None)
         if len(self._registry) == 1:
@@ -163,6 +164,8 @@ class EngineClient:
         try:
             await self._send(entry.identity, frames)
             entry.sent = True
+            # This frame lives as long as the request: do not pin the encoded prompt with it.
+            del frames
             if self._waves is not None:
                 await self._wake_group(self._waves.next_wake())
             yield RequestStream(entry)
@@ -184,6 +187,11 @@ class EngineClient:
         entry.close()
         if self.alive:
             await self._send_abort(entry.identity, request_id)
+
+    def kill(self, reason: str) -> None:
+        """Latch the client dead now (e.g. its engine process exited): every in-flight request
+        fails with ``EngineDeadError`` and ``dead_event`` is set."""
+        self._die(EngineDeadError(reason))
 
     # -- internals -----------------------------------------------------------------------
 
@@ -238,6 +246,14 @@ class EngineClient:
         for identity in self._identities:
             await self._send(identity, frames)
 
+    async def _wake_group_background(self, wave: int) -> None:
+        """A wake the output loop asked for (``start_wave``). Runs in the client's nursery, so
+        a failed send must not escape: ``_send`` has already latched the client dead."""
+        try:
+            await self._wake_group(wave)
+        except EngineDeadError:
+            log.debug("wake of wave %d not sent: engine is dead", wave)
+
     def _die(self, error: EngineDeadError) -> None:
         """Latch dead and fail every in-flight request with ``error``."""
         if self._dead is None:
@@ -281,7 +297,9 @@ class EngineClient:
             if batch.wave_complete is not None:
                 self._waves.wave_complete(batch.wave_complete)
             if batch.start_wave is not None and self._nursery is not None:
-                self._nursery.start_soon(self._wake_group, self._waves.start_wave(batch.start_wave))
+                self._nursery.start_soon(
+                    self._wake_group_background, self._waves.start_wave(batch.start_wave)
+                )
         if reabort and self._nursery is not None:
             for identity, rid in reabort:
                 self._nursery.start_soon(self._send_abort, identity, rid)

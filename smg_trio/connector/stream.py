@@ -23,6 +23,7 @@ class _Entry:
 
     __slots__ = (
         "closed",
+        "dp_rank",
         "error",
         "finished",
         "identity",
@@ -33,9 +34,12 @@ class _Entry:
         "sent",
     )
 
-    def __init__(self, request_id: str, rank: int, identity: bytes) -> None:
+    def __init__(
+        self, request_id: str, rank: int, identity: bytes, dp_rank: int | None = None
+    ) -> None:
         self.request_id = request_id
-        self.rank = rank
+        self.rank = rank  # the engine's slot in the client (HELLO order)
+        self.dp_rank = rank if dp_rank is None else dp_rank  # its DP rank index
         self.identity = identity
         self.queue: deque[EngineOutput] = deque()
         self.lot = trio.lowlevel.ParkingLot()
@@ -83,8 +87,9 @@ class RequestStream:
 
     @property
     def rank(self) -> int:
-        """The engine (DP rank index) serving this request."""
-        return self._entry.rank
+        """The DP rank index of the engine serving this request (its 2-byte identity; the
+        pinned ``data_parallel_rank`` when one was given)."""
+        return self._entry.dp_rank
 
     @property
     def finished(self) -> bool:

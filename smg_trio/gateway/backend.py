@@ -61,6 +61,15 @@ class Readiness:
     healthy_workers: int
     total_workers: int
 
+    @classmethod
+    def evaluate(cls, *, draining: bool, healthy: int, total: int) -> Readiness:
+        """Not ready while draining or with no healthy worker."""
+        if draining:
+            return cls(False, "draining", healthy, total)
+        if healthy == 0:
+            return cls(False, "insufficient healthy workers", healthy, total)
+        return cls(True, "", healthy, total)
+
 
 class GatewayBackend(Protocol):
     """What the HTTP front needs. Implemented by the worker manager and by
@@ -120,8 +129,4 @@ class StaticBackend:
     def readiness(self) -> Readiness:
         total = sum(len(c) for c in self._clients.values())
         healthy = sum(1 for cs in self._clients.values() for c in cs if c.alive)
-        if self._draining:
-            return Readiness(False, "draining", healthy, total)
-        if healthy == 0:
-            return Readiness(False, "insufficient healthy workers", healthy, total)
-        return Readiness(True, "", healthy, total)
+        return Readiness.evaluate(draining=self._draining, healthy=healthy, total=total)

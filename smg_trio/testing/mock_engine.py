@@ -7,8 +7,11 @@ attaches load, and can be scripted to misbehave (stall, die, send garbage, fail 
 
 from __future__ import annotations
 
+import argparse
 import logging
 import random
+import signal
+import sys
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -25,7 +28,7 @@ from smg_trio.protocol import vllm
 from smg_trio.protocol.handshake import EngineCoreReadyResponse, encode_ready_response
 from smg_trio.transport.engine_side import EngineSockets, dial_frontend
 
-__all__ = ["MockEngine", "MockEngineConfig", "MockRequest", "Plan"]
+__all__ = ["MockEngine", "MockEngineConfig", "MockRequest", "Plan", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,9 @@ class MockEngine:
         self._current_wave = 0
         self._last_idle_sent = True
         self._garbage = 0
+        # The step loop, the input loop (TokenSpeed abort replies) and die_with_sentinel all
+        # send on the one PUSH socket: one sender at a time (the adapter's single-owner rule).
+        self._out_lock = trio.StrictFIFOLock()
         self.dead = trio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -181,8 +187,7 @@ class MockEngine:
 
     async def die_with_sentinel(self) -> None:
         """Send ``ENGINE_CORE_DEAD`` and stop, as vLLM does on a fatal error."""
-        assert self._sockets is not None
-        await self._sockets.output.send_multipart([ENGINE_CORE_DEAD])
+        await self._push([ENGINE_CORE_DEAD])
         self.die_silently()
 
     def die_silently(self) -> None:
@@ -340,8 +345,7 @@ class MockEngine:
                 continue
             if self._garbage:
                 self._garbage -= 1
-                assert self._sockets is not None
-                await self._sockets.output.send_multipart([b"\xc1\xc1garbage"])
+                await self._push([b"\xc1\xc1garbage"])
                 continue
             self._step += 1
             results: list[tuple[MockRequest, list[int], str | None, int | None]] = []
@@ -367,6 +371,11 @@ class MockEngine:
                 )
 
     # -- output encoding -----------------------------------------------------------------
+
+    async def _push(self, frames: list[bytes]) -> None:
+        assert self._sockets is not None
+        async with self._out_lock:
+            await self._sockets.output.send_multipart(frames)
 
     def _stats(self) -> dict[str, Any] | None:
         if not self.config.stats:
@@ -461,7 +470,7 @@ class MockEngine:
             arr[2] = stats
             arr.append("default")  # vLLM 0.32's 9th element, weight_version
             payload = bytearray(encoder.encode(arr))
-        await self._sockets.output.send_multipart([bytes(payload), *aux])
+        await self._push([bytes(payload), *aux])
 
     async def _send_idle(self) -> None:
         assert self._sockets is not None
@@ -471,7 +480,7 @@ class MockEngine:
                 env = vllm.EngineCoreOutputs(
                     engine_index=self.config.engine_index, wave_complete=self._current_wave
                 )
-                await self._sockets.output.send_multipart([encoder.encode(env)])
+                await self._push([encoder.encode(env)])
                 self._current_wave += 1
         elif self.config.load_columns:
             await self._send_ts([])
@@ -503,4 +512,87 @@ class MockEngine:
         if not cfg.load_columns:
             arr = msgspec.msgpack.decode(payload)
             payload = encoder.encode(arr[:10])
-        await self._sockets.output.send_multipart([payload])
+        await self._push([payload])
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m smg_trio.testing.mock_engine",
+        description="A mock vLLM/TokenSpeed engine rank that dials a gateway's handshake socket "
+        "and serves until SIGINT/SIGTERM.",
+    )
+    parser.add_argument(
+        "--handshake",
+        required=True,
+        metavar="tcp://HOST:PORT",
+        help="the gateway's handshake ROUTER address",
+    )
+    parser.add_argument("--protocol", choices=("vllm", "tokenspeed"), default="vllm")
+    parser.add_argument(
+        "--engine-index", type=int, default=0, help="DP rank index (the 2-byte identity)"
+    )
+    parser.add_argument(
+        "--step-ms", type=float, default=2.0, help="engine step period in ms (0 = flat out)"
+    )
+    parser.add_argument("--eos-token-id", type=int, default=None)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="reported data_parallel_size; > 1 makes a lockstep (wave) group for vLLM",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+    )
+    return parser
+
+
+async def _serve(engine: MockEngine) -> None:
+    """Run ``engine`` until SIGINT/SIGTERM (or until it stops on its own)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    log.info("mock engine: %s, exiting", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(stop_on_signal)
+            await engine.run()
+            nursery.cancel_scope.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m smg_trio.testing.mock_engine``: dial ``--handshake`` and serve until SIGINT or
+    SIGTERM; returns the exit status (0 on a signal)."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.step_ms < 0:
+        log.error("--step-ms must be >= 0")
+        return 2
+    config = MockEngineConfig(
+        protocol=args.protocol,
+        engine_index=args.engine_index,
+        step_s=args.step_ms / 1000.0,
+        eos_token_id=args.eos_token_id,
+        max_model_len=args.max_model_len,
+        data_parallel_size=args.data_parallel_size,
+    )
+    engine = MockEngine(args.handshake, config)
+    log.info("mock %s engine %d dialing %s", config.protocol, config.engine_index, args.handshake)
+    trio.run(_serve, engine)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -247,11 +247,7 @@ class WorkerManager:
     def readiness(self) -> Readiness:
         total = len(self.registry)
         healthy = sum(1 for w in self.registry if w.healthy)
-        if self._draining:
-            return Readiness(False, "draining", healthy, total)
-        if healthy == 0:
-            return Readiness(False, "insufficient healthy workers", healthy, total)
-        return Readiness(True, "", healthy, total)
+        return Readiness.evaluate(draining=self._draining, healthy=healthy, total=total)
 
     # -- registration --------------------------------------------------------------------
 

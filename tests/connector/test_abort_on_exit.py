@@ -1,0 +1,167 @@
+"""Abort-on-exit (the trio replacement for Rust's ``Drop``), explicit aborts, and late outputs
+for retired ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from smg_trio.errors import RequestStreamClosed
+from smg_trio.protocol.addresses import WorkerAddresses
+from smg_trio.testing.mock_engine import MockEngineConfig
+
+from .conftest import (
+    IO_DEADLINE_S,
+    PROTOCOLS,
+    ProtocolName,
+    RawEngine,
+    raw_serving,
+    request,
+    serving,
+    vllm_output,
+    wait_until,
+)
+
+ADD = b"\x00"
+ABORT = b"\x01"
+
+
+class _Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS)
+async def test_cancelling_a_generate_block_aborts_the_request(
+    addresses: WorkerAddresses, proto: ProtocolName
+) -> None:
+    with trio.fail_after(IO_DEADLINE_S):
+        async with serving(addresses, MockEngineConfig(protocol=proto)) as (client, (engine,)):
+            aborted = engine.abort_event
+            with trio.CancelScope() as scope:
+                async with client.generate(request("ab", max_tokens=100_000)) as stream:
+                    await stream.__anext__()  # mid-stream
+                    scope.cancel()
+                    await trio.sleep_forever()
+            assert scope.cancelled_caught
+            # Retired at once, before the engine even hears of it.
+            assert client.inflight_count == 0
+            assert all(not s for s in client._router.inflight)
+            await aborted.wait()
+            assert "ab" in engine.aborts
+            assert "ab" not in engine.active
+            # The client is healthy. (Not reusing "ab" here: TokenSpeed answers ABORT with a
+            # terminal "abort" output that may still be in flight.)
+            async with client.generate(request("ab2", max_tokens=2)) as stream:
+                outputs = [o async for o in stream]
+            assert outputs[-1].finish_reason == "length"
+            assert client.alive
+
+
+async def test_an_exception_in_the_block_aborts_and_propagates(
+    addresses: WorkerAddresses,
+) -> None:
+    with trio.fail_after(IO_DEADLINE_S):
+        async with serving(addresses) as (client, (engine,)):
+            aborted = engine.abort_event
+
+            async def fail_mid_stream() -> None:
+                async with client.generate(request("boom", max_tokens=100_000)) as stream:
+                    await stream.__anext__()
+                    raise _Boom
+
+            with pytest.raises(_Boom):
+                await fail_mid_stream()
+            assert client.inflight_count == 0
+            await aborted.wait()
+            assert engine.aborts == ["boom"]
+
+
+async def test_finished_requests_are_not_aborted(addresses: WorkerAddresses) -> None:
+    with trio.fail_after(IO_DEADLINE_S):
+        async with serving(addresses) as (client, (engine,)):
+            async with client.generate(request("done", max_tokens=3)) as stream:
+                await trio.testing.wait_all_tasks_blocked()
+                while not stream.finished:
+                    await stream.receive_some()
+                # Leaving after the terminal output (even unread) needs no abort.
+            async with client.generate(request("after", max_tokens=1)) as stream:
+                [o async for o in stream]
+            assert engine.aborts == []
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS)
+async def test_explicit_abort_closes_the_stream(
+    addresses: WorkerAddresses, proto: ProtocolName
+) -> None:
+    with trio.fail_after(IO_DEADLINE_S):
+        async with serving(addresses, MockEngineConfig(protocol=proto)) as (client, (engine,)):
+            aborted = engine.abort_event
+            async with client.generate(request("x", max_tokens=100_000)) as stream:
+                await stream.__anext__()
+                await client.abort("x")
+                assert client.inflight_count == 0
+                assert all(not s for s in client._router.inflight)
+                with pytest.raises(RequestStreamClosed) as info:
+                    async for _ in stream:  # already-queued outputs drain first
+                        pass
+                assert info.value.request_id == "x"
+                assert not stream.finished
+            await aborted.wait()
+            assert "x" in engine.aborts
+            # Unknown ids are ignored; the connection is unaffected.
+            await client.abort("never-sent")
+            async with client.generate(request("y", max_tokens=2)) as stream:
+                outputs = [o async for o in stream]
+            assert outputs[-1].finish_reason == "length"
+            assert "never-sent" not in engine.aborts
+
+
+async def _expect(engine: RawEngine, kind: bytes) -> Any:
+    """The engine's next input message must be of type ``kind``; returns its payload."""
+    got, payload = await engine.recv()
+    assert got == kind, (got, payload)
+    return payload
+
+
+async def test_late_outputs_for_an_aborted_id_are_dropped_and_reaborted(
+    addresses: WorkerAddresses,
+) -> None:
+    engine = RawEngine(addresses.handshake)
+    with trio.fail_after(IO_DEADLINE_S):
+        async with raw_serving(addresses, engine) as client:
+            async with client.generate(request("late")) as stream:
+                assert (await _expect(engine, ADD))[0] == "late"
+                await client.abort("late")
+                assert await _expect(engine, ABORT) == ["late"]
+                # The engine registered the request after the abort: its next output for the
+                # id is dropped and the engine is told again.
+                await engine.push_vllm(vllm_output("late", [7]))
+                assert await _expect(engine, ABORT) == ["late"]
+                with pytest.raises(RequestStreamClosed):
+                    await stream.__anext__()
+            # Leaving the block aborts once more (smg parity: explicit abort + drop = 2 frames).
+            assert await _expect(engine, ABORT) == ["late"]
+
+            # A terminal output for the aborted id is dropped and ends the re-abort memory ...
+            await engine.push_vllm(vllm_output("late", [8], finish=2))
+            await wait_until(lambda: "late" not in client._aborted)
+            # ... so a stray output after it is dropped silently. It travels ahead of the probe's
+            # terminal output on the same pipe; once every task is idle after the probe, any
+            # ABORT it caused would already sit before the next ADD.
+            async with client.generate(request("probe")) as stream:
+                assert (await _expect(engine, ADD))[0] == "probe"
+                await engine.push_vllm(vllm_output("late", [9]))
+                await engine.push_vllm(vllm_output("probe", [1], finish=1))
+                outputs = [o async for o in stream]
+            assert [(o.new_token_ids, o.finish_reason) for o in outputs] == [([1], "length")]
+            await trio.testing.wait_all_tasks_blocked()
+            async with client.generate(request("probe2")) as stream:
+                assert (await _expect(engine, ADD))[0] == "probe2"
+                await engine.push_vllm(vllm_output("probe2", [], finish=0))
+                outputs = [o async for o in stream]
+            assert outputs[-1].finish_reason == "stop"
+            assert client.inflight_count == 0
+            assert client.alive
