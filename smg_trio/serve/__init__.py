@@ -1,1 +1,157 @@
-"""smg_trio.serve."""
+"""Process-level composition: engines, worker manager and HTTP server in one nursery."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from smg_trio.gateway.admin import admin_blueprint
+from smg_trio.gateway.app import create_app, serve_http
+from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.serve.commands import build_engine_command, reject_handshake_collisions
+from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
+from smg_trio.serve.launcher import EngineExited, run_engine_process
+from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
+
+__all__ = ["EngineLaunchConfig", "GatewayConfig", "ServeHandle", "open_gateway", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class ServeHandle:
+    """What ``await nursery.start(serve, config)`` returns: the bound HTTP address, the worker
+    manager, and the registered workers (in ``config`` order)."""
+
+    host: str
+    port: int
+    manager: WorkerManager
+    workers: tuple[WorkerState, ...]
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port``."""
+        return f"http://{self.host}:{self.port}"
+
+
+def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
+    return GatewayHttpConfig(api_key=config.api_key, max_n=config.max_n)
+
+
+def _launch_plan(config: GatewayConfig) -> list[tuple[str, object]]:
+    eng = config.engines
+    if eng is None:
+        return []
+    if eng.model is None:
+        raise ValueError("serve needs --model")
+    launches = [
+        build_engine_command(
+            eng.backend,
+            eng.model,
+            port=eng.worker_base_port + i,
+            socket_dir=eng.socket_dir,
+            engine_args=eng.engine_args,
+            python=eng.python,
+        )
+        for i in range(eng.dp_size)
+    ]
+    reject_handshake_collisions([launch.worker_url for launch in launches])
+    return [(launch.worker_url, launch) for launch in launches]
+
+
+async def serve(
+    config: GatewayConfig,
+    *,
+    task_status: trio.TaskStatus[ServeHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the gateway (and, with ``config.engines``, its engines) until cancelled.
+
+    ``await nursery.start(serve, config)`` returns a :class:`ServeHandle` once the HTTP
+    listener is bound and every configured worker registered. Cancelling the nursery stops the
+    server, cancels every worker's nursery and stops engine process groups (no orphans).
+    Raises ``EngineExited`` if a launched engine dies before its worker registered, and
+    ``SmgError`` if a worker fails to register.
+    """
+    plan = _launch_plan(config)
+    eng = config.engines
+    async with trio.open_nursery() as nursery:
+        manager = WorkerManager(
+            nursery,
+            policy=config.policy,
+            ready_timeout_s=config.worker_startup_timeout_s,
+            silence_timeout_s=config.engine_silence_timeout_s,
+        )
+        registered: set[str] = set()
+        specs: list[WorkerSpec] = []
+        runtime = (
+            "vllm"
+            if eng is not None and eng.backend == "mock"
+            else (eng.backend if eng else config.backend)
+        )
+        model_path = (eng.model if eng else None) or config.model_path
+        for url, launch in plan:
+
+            def on_exit(exc: EngineExited, url: str = url) -> None:
+                manager.kill_worker_client(url, str(exc))
+
+            async def supervise(
+                launch: object = launch, url: str = url, on_exit: object = on_exit
+            ) -> None:
+                try:
+                    await run_engine_process(launch, name=url.rsplit("/", 1)[-1], on_exit=on_exit)  # type: ignore[arg-type]
+                except EngineExited:
+                    if url not in registered:
+                        raise
+                    log.error("engine for %s exited; its worker is unhealthy", url)
+
+            nursery.start_soon(supervise)
+            specs.append(
+                WorkerSpec(
+                    url=url,
+                    model_path=model_path,
+                    model_id=config.served_model_name,
+                    runtime_type=runtime,
+                    dp_size=launch.engine_count,  # type: ignore[attr-defined]
+                    reasoning_parser=config.reasoning_parser,
+                )
+            )
+        for url in config.worker_urls:
+            specs.append(
+                WorkerSpec(
+                    url=url,
+                    model_path=model_path,
+                    model_id=config.served_model_name,
+                    runtime_type=config.backend,
+                    zmq_handshake_address=config.zmq_handshake_address,
+                    dp_size=config.zmq_engine_count,
+                    reasoning_parser=config.reasoning_parser,
+                )
+            )
+        app = create_app(manager, _http_config(config))
+        app.register_blueprint(admin_blueprint(manager, admin_api_key=config.admin_api_key))
+        binds: list[str] = await nursery.start(serve_http, app, config.host, config.port)
+        host, _, port_text = binds[0].removeprefix("http://").rpartition(":")
+        host, port = host.strip("[]"), int(port_text)
+        log.info("smg_trio listening on http://%s:%d", host, port)
+        workers = []
+        for spec in specs:
+            log.info("registering worker %s", spec.url)
+            workers.append(await manager.register(spec))
+            registered.add(spec.url)
+        task_status.started(ServeHandle(host, port, manager, tuple(workers)))
+        log.info("smg_trio ready: %d worker(s)", len(workers))
+
+
+@asynccontextmanager
+async def open_gateway(config: GatewayConfig) -> AsyncIterator[ServeHandle]:
+    """``async with open_gateway(config) as handle:`` runs :func:`serve` for the block."""
+    async with trio.open_nursery() as nursery:
+        handle: ServeHandle = await nursery.start(serve, config)
+        try:
+            yield handle
+        finally:
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,305 @@
+"""CLI unit tests: flag/env/config precedence, version, --help, backend validation, engine
+command builders against smg's launcher (wire-spec §9), handshake-collision rejection."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+# smg_trio.serve imports the HTTP app; these run once it is importable.
+pytest.importorskip("smg_trio.gateway.app", reason="the HTTP app has not landed yet")
+
+from smg_trio import __version__, cli
+from smg_trio.protocol.addresses import derive_handshake_port
+from smg_trio.serve.commands import (
+    build_engine_command,
+    filter_owned_flags,
+    reject_handshake_collisions,
+    tokenspeed_dist_port,
+    worker_url,
+)
+
+
+def _args(argv: list[str]) -> object:
+    parser = cli._parser()
+    args = parser.parse_args(argv)
+    cli._apply_env_and_file(parser, args, argv)
+    return args
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("SMG_TRIO_"):
+            monkeypatch.delenv(key)
+
+
+# -- precedence ------------------------------------------------------------------------------
+
+
+def test_env_fallback_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SMG_TRIO_PORT", "9123")
+    assert _args(["serve", "--backend", "mock"]).port == 9123  # type: ignore[attr-defined]
+
+
+def test_env_fallback_list_and_float(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SMG_TRIO_WORKER_URLS", "ipc:///tmp/a/engine-1,ipc:///tmp/a/engine-2")
+    monkeypatch.setenv("SMG_TRIO_SHUTDOWN_GRACE_PERIOD_SECS", "2.5")
+    args = _args(["launch", "--model-path", "/m"])
+    assert args.worker_urls == ["ipc:///tmp/a/engine-1", "ipc:///tmp/a/engine-2"]  # type: ignore[attr-defined]
+    assert args.shutdown_grace_period_secs == 2.5  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_precedence_cli_over_env_over_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    cfg = tmp_path / f"gw{suffix}"
+    values = {"port": 7001, "host": "127.0.0.2", "max_n": 3, "policy": "least_load"}
+    if suffix == ".toml":
+        cfg.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in values.items()))
+    else:
+        cfg.write_text(json.dumps(values))
+    monkeypatch.setenv("SMG_TRIO_PORT", "7002")
+    monkeypatch.setenv("SMG_TRIO_HOST", "127.0.0.3")
+    args = _args(["serve", "--backend", "mock", "--config", str(cfg), "--port=7003"])
+    assert args.port == 7003  # type: ignore[attr-defined]  # CLI (--flag=v form) beats env
+    assert args.host == "127.0.0.3"  # type: ignore[attr-defined]  # env beats file
+    assert args.max_n == 3  # type: ignore[attr-defined]  # file beats default
+    assert args.policy == "least_load"  # type: ignore[attr-defined]
+
+
+def test_alias_flag_counts_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SMG_TRIO_DP_SIZE", "4")
+    assert _args(["serve", "--data-parallel-size", "2"]).dp_size == 2  # type: ignore[attr-defined]
+    assert _args(["serve"]).dp_size == 4  # type: ignore[attr-defined]
+
+
+def test_env_value_outside_choices_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SMG_TRIO_BACKEND", "sglang")
+    with pytest.raises(SystemExit) as exc:
+        _args(["serve"])
+    assert exc.value.code == 2
+
+
+def test_config_to_gateway_config_mock() -> None:
+    args = _args(["serve", "--backend", "mock", "--dp-size", "2", "--worker-base-port", "41000"])
+    config = cli._config_from_args(args, ["--step-ms", "0"])  # type: ignore[arg-type]
+    assert config.engines.backend == "mock"
+    assert config.engines.dp_size == 2
+    assert config.engines.worker_base_port == 41000
+    assert config.engines.engine_args[:2] == ("--step-ms", "0")
+    assert "--eos-token-id" in config.engines.engine_args
+    assert config.model_path == config.engines.model  # the model reaches the gateway by itself
+    assert config.served_model_name == "mock-tiny"
+
+
+def test_engine_python_flag() -> None:
+    args = _args(
+        ["serve", "--backend", "vllm", "--model", "/m", "--engine-python", "/v/bin/python"]
+    )
+    config = cli._config_from_args(args, [])  # type: ignore[arg-type]
+    assert config.engines.python == "/v/bin/python"
+    assert config.model_path == "/m"
+
+
+def test_serve_vllm_needs_model() -> None:
+    args = _args(["serve", "--backend", "vllm"])
+    with pytest.raises(SystemExit, match="--model"):
+        cli._config_from_args(args, [])  # type: ignore[arg-type]
+
+
+def test_launch_needs_worker_urls_and_model_path() -> None:
+    with pytest.raises(SystemExit, match="--worker-urls"):
+        cli._config_from_args(_args(["launch", "--model-path", "/m"]), [])  # type: ignore[arg-type]
+    with pytest.raises(SystemExit, match="--model-path"):
+        cli._config_from_args(  # type: ignore[arg-type]
+            _args(["launch", "--worker-urls", "ipc:///tmp/x/engine-1"]), []
+        )
+
+
+# -- subcommands ------------------------------------------------------------------------------
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["version"]) == 0
+    assert capsys.readouterr().out.strip() == __version__
+
+
+@pytest.mark.parametrize("command", ["serve", "launch"])
+def test_help_exits_zero(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main([command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--port" in out
+    assert "--log-format" in out
+    assert "--config" in out
+
+
+@pytest.mark.parametrize("backend", ["sglang", "trtllm", "http"])
+def test_serve_non_zmq_backend_rejected(backend: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "--backend", backend, "--model", "/m"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_build_engine_command_rejects_non_zmq_backend() -> None:
+    with pytest.raises(ValueError, match="no ZMQ wire"):
+        build_engine_command("sglang", "/m", port=31000, socket_dir="/tmp/s")
+
+
+# -- handshake collisions ---------------------------------------------------------------------
+
+
+def _colliding_pair() -> tuple[str, str]:
+    seen: dict[int, str] = {}
+    for port in range(31000, 60000):
+        url = worker_url(port, "/tmp/smg-c")
+        hs = derive_handshake_port(url)
+        if hs in seen:
+            return seen[hs], url
+        seen[hs] = url
+    raise AssertionError("no collision found")
+
+
+def test_handshake_collision_rejected_naming_both() -> None:
+    a, b = _colliding_pair()
+    with pytest.raises(ValueError, match="collision") as exc:
+        reject_handshake_collisions([a, b])
+    assert a in str(exc.value)
+    assert b in str(exc.value)
+    reject_handshake_collisions([a])  # one alone is fine
+
+
+def test_serve_rejects_collision_before_launch() -> None:
+    serve_mod = pytest.importorskip("smg_trio.serve")
+    from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
+
+    # 36770 and 36802 in /tmp/smg-c derive the same FNV handshake port (found by search).
+    lo, hi = 36770, 36802
+    a, b = worker_url(lo, "/tmp/smg-c"), worker_url(hi, "/tmp/smg-c")
+    assert derive_handshake_port(a) == derive_handshake_port(b)
+    # dp_size spans both colliding ports: the plan must fail before any process starts.
+    config = GatewayConfig(
+        engines=EngineLaunchConfig(
+            backend="mock", model="/m", dp_size=hi - lo + 1, worker_base_port=lo,
+            socket_dir="/tmp/smg-c",
+        )
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="collision") as exc:
+        serve_mod._launch_plan(config)
+    assert str(exc.value).count("ipc:///tmp/smg-c/engine-") == 2  # names both workers
+
+
+# -- engine command builders (wire-spec §9) ---------------------------------------------------
+
+
+def test_worker_url_and_socket_dir_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SMG_ZMQ_SOCKET_DIR", "/tmp/sdir")
+    assert worker_url(31000) == "ipc:///tmp/sdir/engine-31000"
+    monkeypatch.delenv("SMG_ZMQ_SOCKET_DIR")
+    import os
+
+    assert worker_url(31000) == f"ipc:///tmp/smg-zmq-{os.getuid()}/engine-31000"
+
+
+def test_vllm_command() -> None:
+    launch = build_engine_command(
+        "vllm",
+        "/models/tiny",
+        port=31000,
+        socket_dir="/tmp/s",
+        engine_args=["--model", "/other", "--headless", "--data-parallel-size=2",
+                     "--data-parallel-rpc-port", "1", "--dtype", "float32", "--enforce-eager"],
+    )  # fmt: skip
+    hs = str(derive_handshake_port("ipc:///tmp/s/engine-31000"))
+    assert launch.worker_url == "ipc:///tmp/s/engine-31000"
+    assert launch.engine_count == 2
+    assert launch.env["PYTHONUNBUFFERED"] == "1"
+    assert launch.argv == [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "/models/tiny", "--headless",
+        "--data-parallel-size", "2", "--data-parallel-size-local", "2",
+        "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", hs,
+        "--dtype", "float32", "--enforce-eager",
+    ]  # fmt: skip
+
+
+def test_vllm_engine_python_override() -> None:
+    launch = build_engine_command("vllm", "/m", port=31000, socket_dir="/tmp/s", python="/v/py")
+    assert launch.argv[0] == "/v/py"
+    assert launch.engine_count == 1
+
+
+@pytest.mark.parametrize(("port", "dist"), [(31000, 31233), (65500, 65267), (19800, 30033)])
+def test_tokenspeed_dist_port(port: int, dist: int) -> None:
+    assert tokenspeed_dist_port(port) == dist
+
+
+def test_tokenspeed_command_defaults() -> None:
+    launch = build_engine_command(
+        "tokenspeed",
+        "/m",
+        port=31000,
+        socket_dir="/tmp/s",
+        engine_args=["--port", "5", "--dist-init-addr=1.2.3.4:5", "--zmq-engine-index", "3",
+                     "--data-parallel-size", "2", "--tp", "1"],
+    )  # fmt: skip
+    hs = str(derive_handshake_port("ipc:///tmp/s/engine-31000"))
+    assert launch.argv == [
+        sys.executable, "-m", "tokenspeed.cli", "serve", "--headless", "--model", "/m",
+        "--port", "31000", "--dist-init-addr", "127.0.0.1:31233",
+        "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", hs,
+        "--zmq-engine-index", "0", "--grammar-backend", "xgrammar", "--enable-output-logprobs",
+        "--data-parallel-size", "2", "--tp", "1",
+    ]  # fmt: skip
+    assert launch.engine_count == 2
+
+
+@pytest.mark.parametrize(
+    "operator_args",
+    [
+        ["--grammar-backend", "outlines", "--enable-output-logprobs"],
+        ["--grammar-backend=outlines", "--enable-output-logprobs"],
+    ],
+)
+def test_tokenspeed_defaults_yield_to_operator(operator_args: list[str]) -> None:
+    launch = build_engine_command(
+        "tokenspeed", "/m", port=65500, socket_dir="/tmp/s", engine_args=operator_args
+    )
+    assert "xgrammar" not in launch.argv
+    assert launch.argv.count("--enable-output-logprobs") == 1
+    assert launch.argv[-len(operator_args) :] == operator_args
+    assert "127.0.0.1:65267" in launch.argv
+
+
+def test_mock_command() -> None:
+    launch = build_engine_command(
+        "mock", "/m", port=31000, socket_dir="/tmp/s", engine_args=["--step-ms", "0"]
+    )
+    hs = derive_handshake_port("ipc:///tmp/s/engine-31000")
+    assert launch.argv == [
+        sys.executable, "-m", "smg_trio.testing.mock_engine",
+        "--handshake", f"tcp://127.0.0.1:{hs}", "--step-ms", "0",
+    ]  # fmt: skip
+    assert launch.engine_count == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--model", "/x", "--dtype", "f"], ["--dtype", "f"]),
+        (["--model=/x", "--dtype", "f"], ["--dtype", "f"]),
+        (["--headless", "--enforce-eager"], ["--enforce-eager"]),  # flag without a value
+        (["--data-parallel-address", "--dtype", "f"], ["--dtype", "f"]),  # next starts with -
+    ],
+)
+def test_filter_owned_flags(args: list[str], expected: list[str]) -> None:
+    owned = ("--model", "--headless", "--data-parallel-address")
+    assert filter_owned_flags(args, owned) == expected

@@ -1,0 +1,115 @@
+"""``python -m smg_trio serve --backend mock`` as a subprocess: ready line, chat through the
+official ``openai`` client, SIGTERM, clean exit, and no child process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from .conftest import descendants, free_port, random_worker_base_port, wait_all_gone
+
+pytest.importorskip("smg_trio.gateway.app", reason="the HTTP app has not landed yet")
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.slow
+
+
+async def _read_until_ready(stream: trio.abc.ReceiveStream) -> str:
+    buf = b""
+    async for chunk in stream:
+        buf += chunk
+        for line in buf.decode(errors="replace").splitlines():
+            if line.startswith("smg_trio ready on "):
+                return line
+    raise AssertionError(f"serve exited before it was ready; stdout: {buf!r}")
+
+
+def _chat(base_url: str) -> tuple[str, str]:
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    try:
+        models = [m.id for m in client.models.list()]
+        assert models == ["mock-tiny"]
+        reply = client.chat.completions.create(
+            model="mock-tiny",
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=8,
+        )
+        assert reply.choices[0].finish_reason in ("stop", "length")
+        pieces = []
+        for chunk in client.chat.completions.create(
+            model="mock-tiny",
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=8,
+            stream=True,
+        ):
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+        return reply.choices[0].message.content or "", "".join(pieces)
+    finally:
+        client.close()
+
+
+async def test_serve_mock_subprocess_sigterm_no_orphans(sock_dir: str, tmp_path: Path) -> None:
+    port = free_port()
+    stderr_path = tmp_path / "serve.stderr"
+    env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
+    argv = [
+        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock",
+        "--port", str(port), "--worker-base-port", str(random_worker_base_port()),
+        "--dp-size", "2", "--shutdown-grace-period-secs", "5",
+    ]  # fmt: skip
+    with stderr_path.open("wb") as stderr:
+        proc = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
+        )
+    try:
+        assert proc.stdout is not None
+        with trio.fail_after(60):
+            line = await _read_until_ready(proc.stdout)
+        base_url = line.split()[3]
+        assert base_url == f"http://127.0.0.1:{port}"
+
+        children = descendants(proc.pid)
+        assert len(children) >= 2, f"expected two mock engines below {proc.pid}: {children}"
+
+        with trio.fail_after(30):
+            text, streamed = await trio.to_thread.run_sync(_chat, base_url)
+        assert isinstance(text, str)
+        assert isinstance(streamed, str)
+
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            code = await proc.wait()
+        log = stderr_path.read_text(errors="replace")
+        assert code == 0, log[-4000:]
+        assert await wait_all_gone(children) == set(), "engine processes survived serve"
+        assert descendants(proc.pid) == set()
+        assert "SYNTHETIC" in log
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for pid in descendants(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_serve_engine_startup_failure_exits_nonzero(sock_dir: str, tmp_path: Path) -> None:
+    """An engine that exits during startup fails serve at once, with its exit code."""
+    argv = [
+        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock",
+        "--port", str(free_port()), "--worker-base-port", str(random_worker_base_port()),
+        "--", "--no-such-mock-flag",
+    ]  # fmt: skip
+    env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir}
+    with trio.fail_after(60):
+        result = await trio.run_process(argv, env=env, capture_stdout=True, capture_stderr=True,
+                                        check=False)  # fmt: skip
+    err = result.stderr.decode(errors="replace")
+    assert result.returncode == 1, err[-4000:]
+    assert "exited with code 2" in err
