@@ -1,0 +1,176 @@
+"""``create_app``: the quart-trio application, and ``serve_http``: hypercorn's trio server."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve as hypercorn_serve
+from quart import Request, Response, request
+from quart_trio import QuartTrio
+from quart_trio.asgi import TrioASGIHTTPConnection
+from werkzeug.exceptions import HTTPException
+
+from smg_trio.gateway.backend import GatewayBackend
+from smg_trio.gateway.call import JSON_TYPE, Gateway, RequestCall, json_response
+from smg_trio.gateway.chat import handle_chat
+from smg_trio.gateway.completions import handle_completions
+from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.errors import ApiError, to_api_error
+from smg_trio.gateway.health import health, liveness, readiness
+from smg_trio.gateway.metrics import GatewayMetrics
+from smg_trio.gateway.models import model_detail, model_list
+from smg_trio.gateway.sse import StreamBody
+from smg_trio.tokenizer import REASONING_PARSERS
+
+__all__ = ["GATEWAY_KEY", "create_app", "gateway_of", "serve_http"]
+
+log = logging.getLogger(__name__)
+
+#: ``app.extensions`` key holding the app's :class:`~smg_trio.gateway.call.Gateway`.
+GATEWAY_KEY = "smg_trio.gateway"
+
+
+class _Connection(TrioASGIHTTPConnection):
+    """Quart-trio's connection, plus: a stream body that was never entered (the client
+    vanished between the view returning and the body starting) still releases its lease."""
+
+    async def _send_response(self, send: Any, response: Any) -> None:
+        try:
+            await super()._send_response(send, response)
+        finally:
+            body = getattr(response, "response", None)
+            if isinstance(body, StreamBody):
+                body.release()
+
+
+def _current() -> Request:
+    return cast(Request, request._get_current_object())  # type: ignore[attr-defined]
+
+
+def gateway_of(app: QuartTrio) -> Gateway:
+    """The :class:`~smg_trio.gateway.call.Gateway` of an app made by :func:`create_app`."""
+    return cast(Gateway, app.extensions[GATEWAY_KEY])
+
+
+def create_app(
+    backend: GatewayBackend,
+    config: GatewayHttpConfig | None = None,
+    *,
+    metrics: GatewayMetrics | None = None,
+) -> QuartTrio:
+    """Build the HTTP front for ``backend``.
+
+    Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+    ``GET /v1/models/<id>``, ``GET /health``, ``GET /liveness``, ``GET /readiness``,
+    ``GET /metrics``. Every error is an OpenAI envelope with ``x-request-id``. ``metrics``
+    defaults to a fresh :class:`GatewayMetrics` on its own registry. Raises ``ValueError`` for
+    an unknown ``config.reasoning_parser``.
+    """
+    config = config or GatewayHttpConfig()
+    if config.reasoning_parser is not None and config.reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(
+            f"unknown reasoning parser {config.reasoning_parser!r}; "
+            f"valid: {', '.join(sorted(REASONING_PARSERS))}"
+        )
+    metrics = metrics or GatewayMetrics()
+    gw = Gateway(backend, config, metrics)
+
+    app = QuartTrio("smg_trio.gateway", static_folder=None)
+    app.asgi_http_class = _Connection
+    app.config.update(
+        RESPONSE_TIMEOUT=None,  # streams last as long as generation does
+        BODY_TIMEOUT=config.body_timeout_s,
+        MAX_CONTENT_LENGTH=config.max_body_bytes,
+    )
+    app.extensions[GATEWAY_KEY] = gw
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> Response:
+        return await handle_chat(RequestCall(gw, _current(), "chat", "chatcmpl-"))
+
+    @app.post("/v1/completions")
+    async def completions() -> Response:
+        return await handle_completions(RequestCall(gw, _current(), "completions", "cmpl-"))
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        req = _current()
+        rid = gw.request_id(req)
+        try:
+            gw.check_auth(req)
+            return json_response(200, model_list(backend), rid)
+        except ApiError as exc:
+            return json_response(exc.status, exc.body(), rid)
+
+    @app.get("/v1/models/<path:model_id>")
+    async def model(model_id: str) -> Response:
+        req = _current()
+        rid = gw.request_id(req)
+        try:
+            gw.check_auth(req)
+            return json_response(200, model_detail(backend, model_id), rid)
+        except ApiError as exc:
+            return json_response(exc.status, exc.body(), rid)
+
+    def _probe(result: tuple[int, bytes], content_type: str = "text/plain") -> Response:
+        status, body = result
+        return Response(body, status=status, content_type=content_type)
+
+    @app.get("/liveness")
+    async def live() -> Response:
+        return _probe(liveness())
+
+    @app.get("/health")
+    async def healthz() -> Response:
+        return _probe(health(backend))
+
+    @app.get("/readiness")
+    async def ready() -> Response:
+        return _probe(readiness(backend), JSON_TYPE)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, status=200, content_type=content_type)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        code = {404: "not_found", 405: "method_not_allowed"}.get(status)
+        err = ApiError(status, exc.description or exc.name, code=code)
+        return json_response(status, err.body(), gw.request_id(_current()))
+
+    @app.errorhandler(Exception)
+    async def internal_error(exc: Exception) -> Response:
+        err = to_api_error(exc)
+        return json_response(err.status, err.body())
+
+    return app
+
+
+async def serve_http(
+    app: QuartTrio,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    graceful_timeout_s: float = 30.0,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` with hypercorn's trio worker on ``host:port`` (port 0: any free port).
+
+    For ``binds = await nursery.start(serve_http, app, host, port)``: ``binds`` is the list of
+    bound base URLs, e.g. ``["http://127.0.0.1:41234"]``. Runs until cancelled or until
+    ``shutdown_trigger()`` returns; then in-flight requests get ``graceful_timeout_s`` seconds
+    to finish. Hypercorn logs through the ``hypercorn.error`` logger; no access log.
+    """
+    cfg = HyperConfig()
+    cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    cfg.accesslog = None
+    cfg.errorlog = logging.getLogger("hypercorn.error")
+    cfg.graceful_timeout = graceful_timeout_s
+    await hypercorn_serve(app, cfg, shutdown_trigger=shutdown_trigger, task_status=task_status)

@@ -1,0 +1,244 @@
+"""Per-app state (``Gateway``) and per-request bookkeeping (``RequestCall``): request ids,
+auth, body parsing, model lookup, the worker lease, responses and metrics."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TypeVar
+
+import msgspec
+import trio
+from quart import Request, Response
+from werkzeug.exceptions import HTTPException
+
+from smg_trio.errors import EngineError
+from smg_trio.gateway.backend import GatewayBackend, ServedModel, WorkerLease
+from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.errors import ApiError, model_not_found, to_api_error
+from smg_trio.gateway.fanout import SubRequest
+from smg_trio.gateway.metrics import GatewayMetrics
+from smg_trio.gateway.schemas import decode_body
+
+__all__ = ["JSON_TYPE", "SSE_HEADERS", "Gateway", "RequestCall", "json_response"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+JSON_TYPE = "application/json"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_MAX_REQUEST_ID = 256
+
+
+def json_response(status: int, body: bytes, request_id: str | None = None) -> Response:
+    """A JSON response, with ``x-request-id`` when given."""
+    resp = Response(body, status=status, content_type=JSON_TYPE)
+    if request_id is not None:
+        resp.headers["x-request-id"] = request_id
+    return resp
+
+
+def _random_id() -> str:
+    return secrets.token_hex(16)
+
+
+class Gateway:
+    """What the handlers share: the backend seam, config, metrics, and the set of engine
+    request ids in flight (a repeated ``x-request-id`` never collides on the engine)."""
+
+    def __init__(
+        self, backend: GatewayBackend, config: GatewayHttpConfig, metrics: GatewayMetrics
+    ) -> None:
+        self.backend = backend
+        self.config = config
+        self.metrics = metrics
+        self.active_ids: set[str] = set()
+        self._api_key = None if config.api_key is None else config.api_key.encode()
+
+    def request_id(self, request: Request) -> str:
+        """The first configured request-id header present (printable, <= 256 chars), else a
+        fresh 32-hex-digit id."""
+        headers = request.headers
+        for name in self.config.request_id_headers:
+            value = headers.get(name)
+            if value and len(value) <= _MAX_REQUEST_ID and value.isprintable():
+                return str(value)
+        return _random_id()
+
+    def check_auth(self, request: Request) -> None:
+        """401 unless the bearer token matches the configured API key (if any)."""
+        if self._api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self._api_key
+        ):
+            raise ApiError(
+                401,
+                "Incorrect API key provided.",
+                code="invalid_api_key",
+                error_type="authentication_error",
+            )
+
+    def resolve_model(self, name: str | None) -> ServedModel:
+        """Exact, case- and space-sensitive lookup. A missing ``model`` picks the only served
+        model (vLLM's rule) and is a 400 when several are served. Unknown: 404."""
+        if name is None:
+            models = self.backend.list_models()
+            if len(models) == 1:
+                return models[0]
+            raise ApiError(
+                400, "'model' is required", param="model", code="missing_required_parameter"
+            )
+        served = self.backend.get_model(name)
+        if served is None:
+            raise model_not_found(name)
+        return served
+
+    def engine_id(self, response_id: str) -> str:
+        """``response_id``, made unique among requests in flight, and reserved."""
+        rid = response_id
+        while rid in self.active_ids:
+            rid = f"{response_id}-{secrets.token_hex(3)}"
+        self.active_ids.add(rid)
+        return rid
+
+
+class RequestCall:
+    """One HTTP request's lifetime: ids, timing, lease and the final metrics record.
+
+    :meth:`close` runs exactly once (the handler's ``finally`` for JSON responses, the
+    stream body's exit for SSE): it releases the lease and the engine id and records
+    metrics.
+    """
+
+    def __init__(self, gw: Gateway, request: Request, endpoint: str, id_prefix: str) -> None:
+        self.gw = gw
+        self.endpoint = endpoint
+        self.request = request
+        self.request_id = gw.request_id(request)
+        rid = self.request_id
+        self.response_id = rid if rid.startswith(id_prefix) else f"{id_prefix}{rid}"
+        self.created = int(time.time())
+        self.start = time.perf_counter()
+        self.first_batch: float | None = None
+        self.engine_id: str | None = None
+        self.prompt_tokens = 0
+        self.subs: Sequence[SubRequest] = ()
+        self._lease_cm: AbstractContextManager[WorkerLease] | None = None
+        self._closed = False
+        gw.metrics.in_flight.inc()
+
+    # -- steps ---------------------------------------------------------------------------
+
+    async def read_body(self, type_: type[T]) -> T:
+        """Auth, then ``Content-Type`` (415 unless ``application/json``, parameters such as
+        ``charset`` allowed), then the body (413 too large, 408 too slow), decoded into
+        ``type_`` (400 naming the field)."""
+        self.gw.check_auth(self.request)
+        mime = (self.request.mimetype or "").lower()
+        if mime != JSON_TYPE and not (mime.startswith("application/") and mime.endswith("+json")):
+            raise ApiError(
+                415,
+                f"Unsupported Content-Type {self.request.content_type or '(none)'!r}: "
+                "only application/json is accepted",
+                code="unsupported_media_type",
+            )
+        try:
+            data = await self.request.get_data(cache=False)
+        except HTTPException as exc:
+            raise ApiError(exc.code or 400, exc.description or exc.name) from None
+        if not isinstance(data, bytes):
+            data = data.encode()
+        return decode_body(data, type_)
+
+    def reserve_engine_id(self) -> str:
+        """The engine request id base (the response id, unique among requests in flight)."""
+        self.engine_id = self.gw.engine_id(self.response_id)
+        return self.engine_id
+
+    def lease(self, model_id: str) -> WorkerLease:
+        """Take a worker for this request (503 when none); released by :meth:`close`."""
+        if self.gw.backend.draining:
+            raise ApiError(503, "the gateway is shutting down", code="draining")
+        cm = self.gw.backend.lease(model_id)
+        lease = cm.__enter__()
+        self._lease_cm = cm
+        self.gw.metrics.track_worker(lease.worker_id, lease.client)
+        return lease
+
+    def on_batch(self) -> None:
+        """Called per engine batch: marks the first token's time."""
+        if self.first_batch is None:
+            self.first_batch = time.perf_counter()
+
+    # -- endings -------------------------------------------------------------------------
+
+    def error_response(self, exc: BaseException) -> Response:
+        """The JSON error response for ``exc`` (closes the call)."""
+        err = to_api_error(exc)
+        self.close(err.status, err.detail.code, exc)
+        return json_response(err.status, err.body(), self.request_id)
+
+    def ok_response(self, payload: msgspec.Struct) -> Response:
+        """A 200 JSON response (closes the call)."""
+        self.close(200)
+        return json_response(200, msgspec.json.encode(payload), self.request_id)
+
+    def close(
+        self, status: int, error_code: str | None = None, exc: BaseException | None = None
+    ) -> None:
+        """Release the lease and engine id and record metrics; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        gw = self.gw
+        gw.metrics.in_flight.dec()
+        if self.engine_id is not None:
+            gw.active_ids.discard(self.engine_id)
+        cm, self._lease_cm = self._lease_cm, None
+        if cm is not None:
+            engine_exc = exc if isinstance(exc, EngineError) else None
+            try:
+                cm.__exit__(
+                    None if engine_exc is None else type(engine_exc),
+                    engine_exc,
+                    None if engine_exc is None else engine_exc.__traceback__,
+                )
+            except Exception:
+                if engine_exc is None:
+                    log.exception("releasing the worker lease failed")
+        end = time.perf_counter()
+        gw.metrics.observe(
+            self.endpoint,
+            status,
+            e2e_s=end - self.start,
+            ttft_s=None if self.first_batch is None else self.first_batch - self.start,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=sum(s.pipeline.completion_tokens for s in self.subs),
+            error_code=error_code,
+        )
+
+    def close_from_exit(self, exc: BaseException | None) -> None:
+        """Close from a context exit: a cancellation is the client going away (499)."""
+        if exc is None:
+            self.close(200)
+        elif _is_cancel(exc):
+            self.close(499, "client_disconnected")
+        else:
+            err = to_api_error(exc)
+            self.close(err.status, err.detail.code, exc)
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_cancel(e) for e in exc.exceptions)
+    return False

@@ -1,0 +1,123 @@
+"""The OpenAI error envelope and the exception -> HTTP status mapping of the HTTP front."""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+import trio
+
+from smg_trio.errors import (
+    ClientClosed,
+    EngineDeadError,
+    RequestError,
+    RequestStreamClosed,
+    ValidationError,
+)
+from smg_trio.gateway.backend import NoWorkerAvailable
+
+__all__ = [
+    "ApiError",
+    "EngineRequestFailed",
+    "ErrorBody",
+    "ErrorDetail",
+    "error_type_for",
+    "model_not_found",
+    "to_api_error",
+]
+
+log = logging.getLogger(__name__)
+
+
+class ErrorDetail(msgspec.Struct):
+    """``{"message", "type", "param", "code"}``; ``code`` is a string or null (OpenAI/smg)."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    """The envelope ``{"error": ErrorDetail}``, also the payload of an SSE error event."""
+
+    error: ErrorDetail
+
+
+class EngineRequestFailed(RequestError):
+    """The engine ended a request with ``error``, or aborted it without being asked
+    (``abort`` finish or an out-of-band finish). ``code`` is ``engine_error`` or
+    ``engine_aborted``; rendered as HTTP 500."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+
+def error_type_for(status: int) -> str:
+    """OpenAI ``error.type`` for an HTTP status: ``invalid_request_error`` for most 4xx,
+    ``server_error`` for 5xx."""
+    return _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+class ApiError(Exception):
+    """A fully decided error response: HTTP ``status`` plus the envelope fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = ErrorDetail(message, error_type or error_type_for(status), param, code)
+
+    def body(self) -> bytes:
+        """The JSON envelope."""
+        return msgspec.json.encode(ErrorBody(self.detail))
+
+
+def model_not_found(model: str) -> ApiError:
+    """404 ``model_not_found`` (raised before any tokenization or engine traffic)."""
+    return ApiError(
+        404, f"The model '{model}' does not exist.", param="model", code="model_not_found"
+    )
+
+
+def to_api_error(exc: BaseException) -> ApiError:
+    """Map any exception to its response. Client input errors are 4xx, an unavailable or
+    dead engine 503, an engine-side failure 500; never raises."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ValidationError):
+        return ApiError(exc.status, exc.message, param=exc.param, code=exc.code)
+    if isinstance(exc, (NoWorkerAvailable, EngineDeadError, ClientClosed)):
+        return ApiError(503, str(exc) or "no engine available", code="service_unavailable")
+    if isinstance(exc, EngineRequestFailed):
+        return ApiError(500, str(exc), code=exc.code)
+    if isinstance(exc, RequestStreamClosed):
+        return ApiError(
+            500, "the engine ended the request without finishing it", code="engine_aborted"
+        )
+    if isinstance(exc, trio.TooSlowError):
+        return ApiError(504, "the engine did not answer in time", code="timeout")
+    log.exception("internal error", exc_info=exc)
+    return ApiError(500, f"internal error: {type(exc).__name__}", code="internal_error")

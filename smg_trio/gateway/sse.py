@@ -1,0 +1,269 @@
+"""Server-sent events: chunk framing and the response body that drives the engine stream.
+
+The body is a Quart ``ResponseBody`` (an async context manager), so the n>1 fan-out nursery is
+opened in ``__aenter__`` and closed in ``__aexit__`` by the task that writes the response: a
+client disconnect cancels that task, which cancels every sub-request (each sends ABORT).
+For n=1 the writer drives the engine stream itself: one wakeup and one socket write per engine
+batch, and everything pending is coalesced when the client falls behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Protocol
+
+import msgspec
+import trio
+from quart.wrappers.response import ResponseBody
+
+from smg_trio.connector.client import EngineClient
+from smg_trio.connector.stream import RequestStream
+from smg_trio.errors import RequestStreamClosed
+from smg_trio.gateway.call import RequestCall
+from smg_trio.gateway.errors import EngineRequestFailed, ErrorBody, to_api_error
+from smg_trio.gateway.fanout import SubRequest, drive
+from smg_trio.gateway.schemas import Usage
+from smg_trio.gateway.textgen import TextDelta
+
+__all__ = ["DONE", "ChunkFramer", "StreamBody", "StreamRenderer", "error_event"]
+
+#: The stream terminator, sent exactly once, last.
+DONE = b"data: [DONE]\n\n"
+
+_encode = msgspec.json.encode
+
+
+def error_event(exc: BaseException) -> bytes:
+    """``data: {"error": {...}}`` for an error after the 200 was sent."""
+    return b"data: " + _encode(ErrorBody(to_api_error(exc).detail)) + b"\n\n"
+
+
+class ChunkFramer:
+    """Frames chunks of one stream: the constant ``id``/``object``/``created``/``model`` head
+    is encoded once; per chunk only the choice is encoded."""
+
+    __slots__ = ("_head",)
+
+    def __init__(self, stream_id: str, kind: str, created: int, model: str) -> None:
+        self._head = b"".join(
+            (
+                b'data: {"id":',
+                _encode(stream_id),
+                b',"object":"',
+                kind.encode(),
+                b'","created":',
+                str(created).encode(),
+                b',"model":',
+                _encode(model),
+                b',"choices":[',
+            )
+        )
+
+    def frame(self, choice: msgspec.Struct, usage: Usage | None = None) -> bytes:
+        """One ``data:`` event holding ``choice`` (and a running ``usage`` if given)."""
+        if usage is None:
+            return self._head + _encode(choice) + b"]}\n\n"
+        return self._head + _encode(choice) + b'],"usage":' + _encode(usage) + b"}\n\n"
+
+    def usage_frame(self, usage: Usage) -> bytes:
+        """The final usage chunk (``choices: []``)."""
+        return self._head + b'],"usage":' + _encode(usage) + b"}\n\n"
+
+
+class StreamRenderer(Protocol):
+    """Endpoint-specific chunk rendering."""
+
+    def start(self) -> bytes:
+        """Frames sent before any engine output (chat: one role chunk per choice)."""
+
+    def delta(self, sub: SubRequest, delta: TextDelta) -> bytes:
+        """Frames for one choice's delta; a delta with ``finish_reason`` ends that choice."""
+
+    def end(self) -> bytes:
+        """Frames after every choice finished (the usage chunk, if asked), before ``[DONE]``."""
+
+
+_START, _RUN, _DONE = 0, 1, 2
+
+
+class StreamBody(ResponseBody):
+    """The SSE body of one request: drives ``subs`` on ``client`` and yields frames.
+
+    The call is closed (lease released, metrics recorded) when the body exits, or by
+    :meth:`release` if Quart never entered it.
+    """
+
+    def __init__(
+        self,
+        call: RequestCall,
+        client: EngineClient,
+        subs: Sequence[SubRequest],
+        renderer: StreamRenderer,
+    ) -> None:
+        self._call = call
+        self._client = client
+        self._subs = subs
+        self._renderer = renderer
+        self._state = _START
+        self._error: BaseException | None = None
+        # n == 1: the writer owns the generate block.
+        self._gen: AbstractAsyncContextManager[RequestStream] | None = None
+        self._stream: RequestStream | None = None
+        # n > 1: sub tasks render into the outbox and wake the writer.
+        self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
+        self._scopes = [trio.CancelScope() for _ in subs] if len(subs) > 1 else []
+        self._outbox: list[bytes] = []
+        self._remaining = len(subs)
+        self._lot = trio.lowlevel.ParkingLot()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> StreamBody:
+        if len(self._subs) > 1:
+            cm = trio.open_nursery()
+            nursery = await cm.__aenter__()
+            self._nursery_cm = cm
+            for sub, scope in zip(self._subs, self._scopes, strict=True):
+                nursery.start_soon(self._run_sub, sub, scope)
+        else:
+            # Submit before writing the first frame: the engine starts while we write.
+            try:
+                self._gen = gen = self._client.generate(self._subs[0].request)
+                self._stream = await gen.__aenter__()
+            except Exception as exc:
+                self._gen = None
+                self._error = exc
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self._close_generate()
+            cm, self._nursery_cm = self._nursery_cm, None
+            if cm is not None:
+                for scope in self._scopes:
+                    scope.cancel()
+                # The nursery's own scope is never cancelled, so it never swallows ``exc``.
+                await cm.__aexit__(exc_type, exc, tb)
+        finally:
+            self._finish(exc)
+
+    def release(self) -> None:
+        """Close the call if the body was never run (Quart failed before entering it)."""
+        if self._state == _START:
+            self._state = _DONE
+            self._call.close(499, "client_disconnected")
+
+    def _finish(self, exc: BaseException | None) -> None:
+        self._state = _DONE
+        if exc is not None:
+            self._call.close_from_exit(exc)
+        elif self._error is not None:
+            err = to_api_error(self._error)
+            self._call.close(200, err.detail.code, self._error)
+        else:
+            self._call.close(200)
+
+    # -- iteration -----------------------------------------------------------------------
+
+    def __aiter__(self) -> StreamBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._state == _DONE:
+            raise StopAsyncIteration
+        if self._state == _START:
+            self._state = _RUN
+            if self._error is not None:  # the submit failed: no role chunk, just the error
+                self._state = _DONE
+                return error_event(self._error) + DONE
+            head = self._renderer.start()
+            if head:
+                return head
+        try:
+            if self._nursery_cm is None:
+                return await self._next_single()
+            return await self._next_multi()
+        except Exception as exc:
+            self._state = _DONE
+            self._error = exc
+            await self._close_generate()
+            for scope in self._scopes:
+                scope.cancel()
+            pending = b"".join(self._outbox)
+            self._outbox.clear()
+            return pending + error_event(exc) + DONE
+
+    async def _next_single(self) -> bytes:
+        sub = self._subs[0]
+        stream = self._stream
+        assert stream is not None
+        pipeline = sub.pipeline
+        render = self._renderer.delta
+        call = self._call
+        while True:
+            try:
+                outputs = await stream.receive_some()
+            except RequestStreamClosed:
+                raise EngineRequestFailed(
+                    "the engine ended the request without finishing it", "engine_aborted"
+                ) from None
+            if not outputs:
+                raise EngineRequestFailed(
+                    "the engine stream ended without a finish", "engine_aborted"
+                )
+            call.on_batch()
+            delta = pipeline.feed(outputs)
+            if pipeline.done:
+                await self._close_generate()  # a gateway-side stop ABORTs the engine here
+                self._state = _DONE
+                data = b"" if delta is None else render(sub, delta)
+                return data + self._renderer.end() + DONE
+            if delta is not None:
+                data = render(sub, delta)
+                if data:
+                    return data
+
+    async def _next_multi(self) -> bytes:
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self._outbox:
+                data = b"".join(self._outbox)
+                self._outbox.clear()
+                if self._remaining == 0:
+                    self._state = _DONE
+                    data += self._renderer.end() + DONE
+                return data
+            if self._remaining == 0:
+                self._state = _DONE
+                return self._renderer.end() + DONE
+            await self._lot.park()
+
+    async def _run_sub(self, sub: SubRequest, scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                await drive(self._client, sub, self._on_delta, self._call.on_batch)
+        except Exception as exc:
+            if self._error is None:
+                self._error = exc
+            for other in self._scopes:
+                other.cancel()
+        finally:
+            self._remaining -= 1
+            self._lot.unpark_all()
+
+    def _on_delta(self, sub: SubRequest, delta: TextDelta) -> None:
+        self._outbox.append(self._renderer.delta(sub, delta))
+        self._lot.unpark_all()
+
+    async def _close_generate(self) -> None:
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            await gen.__aexit__(None, None, None)
