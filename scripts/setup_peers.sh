@@ -38,7 +38,7 @@ step() {  # step "label" cmd...   -- runs cmd, prints its elapsed time, dies on 
 
 # pip: take wheels that lie on local disk first (this machine ships torch 2.13.0+cpu in
 # /opt/wheels; PyPI has no "+cpu" torch builds), and never ask for input.
-PIP_ARGS=(--no-input --disable-pip-version-check)
+PIP_ARGS=(--no-input --disable-pip-version-check --progress-bar off)
 [ -d /opt/wheels ] && PIP_ARGS+=(--find-links /opt/wheels)
 export PIP_NO_INPUT=1
 
@@ -92,6 +92,8 @@ write_vllm_env() {
 # Source before launching the real vLLM engine (written by scripts/setup_peers.sh).
 export VLLM_CACHE_ROOT="$PEERS/vllm-cache"
 export VLLM_CPU_KVCACHE_SPACE=1
+export VLLM_HOST_IP=127.0.0.1
+export VLLM_LOOPBACK_IP=127.0.0.1
 export VLLM_NO_USAGE_STATS=1
 export VLLM_DO_NOT_TRACK=1
 export DO_NOT_TRACK=1
