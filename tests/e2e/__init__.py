@@ -1,0 +1,1 @@
+"""Real-peer (e2e) lane: see conftest.py."""
