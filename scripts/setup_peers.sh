@@ -92,6 +92,7 @@ write_vllm_env() {
 # Source before launching the real vLLM engine (written by scripts/setup_peers.sh).
 export VLLM_CACHE_ROOT="$PEERS/vllm-cache"
 export VLLM_CPU_KVCACHE_SPACE=1
+export VLLM_USE_AOT_COMPILE=0   # 0.32.0's AOT cache does not load back with torch 2.13
 export VLLM_HOST_IP=127.0.0.1
 export VLLM_LOOPBACK_IP=127.0.0.1
 export VLLM_NO_USAGE_STATS=1
