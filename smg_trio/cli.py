@@ -318,6 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = _config_from_args(args, engine_args)
     try:
         trio.run(_run_gateway, config)
+        log.info("smg_trio stopped; engines and sockets are shut down")
     except BaseException as exc:  # report every leaf of an exception group, then exit non-zero
         if isinstance(exc, KeyboardInterrupt):
             return 130
