@@ -224,8 +224,8 @@ async def test_b10_gateway_stop_aborts_the_engine(
             with trio.fail_after(1.0):
                 await h.wait_aborted([rid])
                 await _wait_idle(h)
-            assert h.engine.aborts == [rid]
-            assert len(h.engine.requests[0].generated) < 20  # not run to max_tokens
+            assert set(h.engine.aborts) == {rid}  # (the connector may repeat an ABORT)
+            assert len(h.engine.requests[0].generated) < 100  # aborted, not run to 500
 
 
 async def test_b10_n2_only_the_stopped_choice_is_aborted(harness: HarnessFactory, tok: Any) -> None:
@@ -250,7 +250,7 @@ async def test_b10_n2_only_the_stopped_choice_is_aborted(harness: HarnessFactory
             )
             assert (c1["index"], c1["message"]["content"], c1["finish_reason"]) == (1, "a", "stop")
             assert res["usage"]["completion_tokens"] == 33
-            assert h.engine.aborts == ["chatcmpl-b10-1"]
+            assert set(h.engine.aborts) == {"chatcmpl-b10-1"}  # choice 0 ran to its end
             assert not h.engine.active
 
 
