@@ -10,7 +10,7 @@ from quart import Response
 
 from smg_trio.errors import ValidationError
 from smg_trio.gateway.backend import ServedModel
-from smg_trio.gateway.call import SSE_HEADERS, RequestCall
+from smg_trio.gateway.call import RequestCall
 from smg_trio.gateway.fanout import SubRequest, run_all
 from smg_trio.gateway.logprobs import chat_logprobs, merge_runs, prompt_logprobs
 from smg_trio.gateway.schemas import (
@@ -22,7 +22,7 @@ from smg_trio.gateway.schemas import (
     Delta,
     Usage,
 )
-from smg_trio.gateway.sse import ChunkFramer, StreamBody
+from smg_trio.gateway.sse import ChunkFramer, sse_response
 from smg_trio.gateway.textgen import ChoiceCollector, ChoicePipeline, TextDelta
 from smg_trio.gateway.translate import (
     LogprobRequest,
@@ -256,12 +256,7 @@ async def handle_chat(call: RequestCall) -> Response:
                 include_usage=bool(opts and opts.include_usage),
                 continuous_usage=bool(opts and opts.continuous_usage_stats),
             )
-            response = Response(
-                StreamBody(call, client, subs, renderer),
-                status=200,
-                content_type="text/event-stream; charset=utf-8",
-                headers={**SSE_HEADERS, "x-request-id": call.request_id},
-            )
+            response = sse_response(call, client, subs, renderer)
             streaming = True
             return response
         collected = ChoiceCollector(len(subs))

@@ -30,7 +30,7 @@ from smg_trio.gateway.schemas import (
     CompletionRequest,
     Usage,
 )
-from smg_trio.gateway.sse import DONE, ChunkFramer, StreamBody
+from smg_trio.gateway.sse import DONE, ChunkFramer, sse_response
 from smg_trio.gateway.textgen import ChoiceCollector, ChoiceParams, ChoicePipeline, TextDelta
 from smg_trio.gateway.translate import (
     LogprobRequest,
@@ -352,12 +352,7 @@ async def handle_completions(call: RequestCall) -> Response:
                 include_usage=include_usage,
                 continuous_usage=bool(opts and opts.continuous_usage_stats),
             )
-            response = Response(
-                StreamBody(call, client, subs, renderer),
-                status=200,
-                content_type="text/event-stream; charset=utf-8",
-                headers={**SSE_HEADERS, "x-request-id": call.request_id},
-            )
+            response = sse_response(call, client, subs, renderer)
             streaming = True
             return response
         collected = ChoiceCollector(len(subs))

@@ -16,12 +16,13 @@ from typing import Protocol
 
 import msgspec
 import trio
+from quart import Response
 from quart.wrappers.response import ResponseBody
 
 from smg_trio.connector.client import EngineClient
 from smg_trio.connector.stream import RequestStream
 from smg_trio.errors import RequestStreamClosed
-from smg_trio.gateway.call import RequestCall
+from smg_trio.gateway.call import SSE_HEADERS, RequestCall
 from smg_trio.gateway.errors import EngineRequestFailed, ErrorBody, to_api_error
 from smg_trio.gateway.fanout import SubRequest, drive
 from smg_trio.gateway.schemas import Usage
@@ -267,3 +268,15 @@ class StreamBody(ResponseBody):
         gen, self._gen = self._gen, None
         if gen is not None:
             await gen.__aexit__(None, None, None)
+
+
+def sse_response(
+    call: RequestCall, client: EngineClient, subs: Sequence[SubRequest], renderer: StreamRenderer
+) -> Response:
+    """The 200 ``text/event-stream`` response whose body drives ``subs`` through ``renderer``."""
+    return Response(
+        StreamBody(call, client, subs, renderer),
+        status=200,
+        content_type="text/event-stream; charset=utf-8",
+        headers={**SSE_HEADERS, "x-request-id": call.request_id},
+    )
