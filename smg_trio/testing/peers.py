@@ -47,6 +47,7 @@ __all__ = [
     "peer_paths",
     "peers_dir",
     "repo_root",
+    "SMG_HEALTH_CHECK_INTERVAL_S",
     "smg_launch_command",
     "smg_missing_reason",
     "start_process_group",
@@ -242,6 +243,13 @@ def vllm_engine_command(
 
 # --------------------------------------------------------------------------- smg (Rust)
 
+#: smg 1.13.0 drives a ZMQ worker's handshake from its health probe (or first client use), and
+#: its first probe tick can run before the startup worker is registered; the next tick is then a
+#: whole interval later (default 60 s), so the handshake port stays unbound that long (seen in
+#: about 1 launch in 8 on a 2-core machine; docs/differential.md D2). One second bounds that
+#: startup delay; the probe is a local flag check for ZMQ workers, so it costs nothing.
+SMG_HEALTH_CHECK_INTERVAL_S = 1
+
 
 def smg_launch_command(
     worker_url: str,
@@ -259,7 +267,8 @@ def smg_launch_command(
 
     smg binds ``<path>-in.sock``, ``<path>-out.sock`` and the handshake port derived from the
     path, then waits up to 600 s for an engine to dial in. ``--prometheus-host 127.0.0.1`` keeps
-    its metrics listener off 0.0.0.0. ``backend`` is ``"vllm"`` or ``"tokenspeed"``.
+    its metrics listener off 0.0.0.0. ``backend`` is ``"vllm"`` or ``"tokenspeed"``. The
+    health-check interval is :data:`SMG_HEALTH_CHECK_INTERVAL_S` (see there for why).
     """
     paths = peer_paths(root)
     return [
@@ -281,6 +290,8 @@ def smg_launch_command(
         str(model_dir),
         "--log-level",
         log_level,
+        "--health-check-interval-secs",
+        str(SMG_HEALTH_CHECK_INTERVAL_S),
         *extra_args,
     ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Final
@@ -15,6 +16,8 @@ from smg_trio.protocol.handshake import EngineHandshakeMetadata, decode_init, en
 from smg_trio.transport.zsocket import ZmqSocket, zmq_context
 
 __all__ = ["ENGINE_LINGER_MS", "EngineSockets", "dial_frontend"]
+
+logger = logging.getLogger(__name__)
 
 #: How long, in milliseconds, an engine-side socket keeps delivering queued messages after it is
 #: closed (in the background; closing never blocks). vLLM lingers 4-5 s; a mock needs less. It
@@ -88,10 +91,12 @@ async def dial_frontend(
     with contextlib.ExitStack() as stack:
         handshake = _dial(stack, zmq.DEALER, handshake_address, identity)
         await handshake.send_multipart([encode_status("HELLO", **status_kwargs)])
+        logger.debug("engine %d: HELLO queued for %s", engine_index, handshake_address)
         frames = await handshake.recv_multipart()
         if len(frames) != 1:
             raise UnexpectedHandshakeMessage(f"expected a 1-frame INIT, got {len(frames)} frames")
         init = decode_init(frames[0])
+        logger.debug("engine %d: INIT received: %s", engine_index, init.addresses)
 
         ready = [encode_status("READY", **status_kwargs)]
         if not register_before_ready:
@@ -101,6 +106,7 @@ async def dial_frontend(
         if register_before_ready:
             await handshake.send_multipart(ready)
         out = _dial(stack, zmq.PUSH, init.addresses.outputs[0])
+        logger.debug("engine %d: READY and registration sent", engine_index)
         yield EngineSockets(
             identity=identity, engine_index=engine_index, init=init, input=inp, output=out
         )
