@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 
 #: SIGTERM to SIGKILL: long enough for vLLM to tear down its EngineCore child cleanly.
 ENGINE_STOP_GRACE_S = 10.0
+#: After an engine exits, how long its last log lines may take to drain for the error message.
+#: The group is SIGKILLed first, so the pipe closes at once unless a process left the group.
+LOG_DRAIN_S = 1.0
 _TAIL_LINES = 40
 
 
@@ -74,8 +77,9 @@ async def run_engine_process(
     """Run one engine in its own process group until cancelled.
 
     Cancellation stops the whole group (SIGTERM, then SIGKILL after ``ENGINE_STOP_GRACE_S``),
-    so no orphan survives. If the engine exits by itself, ``on_exit`` is called at once (the
-    caller fails the worker's in-flight requests) and :class:`EngineExited` is raised.
+    so no orphan survives. If the engine exits by itself, ``on_exit`` is called as soon as the
+    process is reaped (the caller fails the worker's in-flight requests), the rest of the group
+    is killed, and :class:`EngineExited` is raised with the last log lines.
     """
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
     env = {**os.environ, **launch.env}
@@ -96,10 +100,21 @@ async def run_engine_process(
         log.info("launched %s (pid %d): %s", name, proc.pid, " ".join(launch.argv))
         task_status.started(proc)
         assert proc.stdout is not None
-        await _forward(proc.stdout, name, tail)
+        forwarded = trio.Event()
+
+        async def forward(stdout: trio.abc.ReceiveStream) -> None:
+            await _forward(stdout, name, tail)
+            forwarded.set()
+
+        nursery.start_soon(forward, proc.stdout)
+        # Exit is detected from the process itself (a pidfd on Linux), not from the log pipe:
+        # vLLM's EngineCore child inherits stdout and can hold it open after its parent died.
         code = await proc.wait()
-        _killpg(proc.pid, signal.SIGKILL)  # children left in the group, if any
-        exc = EngineExited(name, code, list(tail))
+        _killpg(proc.pid, signal.SIGKILL)  # the group's leftovers; this also closes the pipe
         if on_exit is not None:
-            on_exit(exc)
-        raise exc
+            on_exit(EngineExited(name, code, list(tail)))
+        with trio.move_on_after(LOG_DRAIN_S):
+            await forwarded.wait()
+        nursery.cancel_scope.cancel()
+    # raised outside the nursery so callers can catch it bare, not inside an ExceptionGroup
+    raise EngineExited(name, code, list(tail))

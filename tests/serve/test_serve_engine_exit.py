@@ -1,0 +1,94 @@
+"""An engine that dies at runtime is detected from its process exit, within a second.
+
+serve launches the mock engine as a child process; the test SIGKILLs it while a streaming
+request is in flight. A SIGKILLed engine sends no ``ENGINE_CORE_DEAD`` sentinel and its PULL
+peer raises nothing, and the silence watchdog is set far beyond the test, so the only signal
+that can end the stream in time is the launcher reaping the process (issue 6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import trio
+
+from .conftest import descendants, random_worker_base_port, wait_all_gone
+
+httpx = pytest.importorskip("httpx")
+
+from smg_trio.serve import EngineLaunchConfig, GatewayConfig, ServeHandle, serve  # noqa: E402
+from smg_trio.testing.tiny_model import default_tiny_model_dir  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+#: The detection bound issue 6 names: process exit, not a silence window.
+EXIT_DETECTION_S = 1.0
+#: Far beyond the test, so the silence watchdog cannot be what ends the stream.
+SILENCE_S = 600.0
+
+
+def _config(sock_dir: str) -> GatewayConfig:
+    return GatewayConfig(
+        port=0,
+        served_model_name="mock-tiny",
+        engine_silence_timeout_s=SILENCE_S,
+        engines=EngineLaunchConfig(
+            backend="mock",
+            model=str(default_tiny_model_dir()),
+            worker_base_port=random_worker_base_port(),
+            socket_dir=sock_dir,
+            # 20 ms per step: a 1000-token request is still streaming when the engine is killed
+            engine_args=("--step-ms", "20"),
+        ),
+    )
+
+
+async def test_engine_sigkill_fails_inflight_stream_from_process_exit(sock_dir: str) -> None:
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            handle: ServeHandle = await nursery.start(serve, _config(sock_dir))
+            engines = descendants(os.getpid())
+            assert len(engines) == 1, engines
+            (engine_pid,) = engines
+            body = {
+                "model": "mock-tiny",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 1000,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            events: list[str] = []
+            async with (
+                httpx.AsyncClient(base_url=handle.base_url, timeout=30) as client,
+                client.stream("POST", "/v1/chat/completions", json=body) as resp,
+            ):
+                assert resp.status_code == 200, (await resp.aread()).decode()
+                lines = resp.aiter_lines()
+                killed_at: float | None = None
+                async for line in lines:
+                    if not line.startswith("data: "):
+                        continue
+                    events.append(line.removeprefix("data: "))
+                    if killed_at is None and '"content"' in line:
+                        os.kill(engine_pid, signal.SIGKILL)
+                        killed_at = trio.current_time()
+                ended_at = trio.current_time()
+            assert killed_at is not None, events[:3]
+            errors = [json.loads(e)["error"] for e in events if e.startswith('{"error"')]
+            assert errors, f"the stream ended without an error event: {events[-3:]}"
+            assert "exited with code -9" in errors[0]["message"], errors[0]
+            assert events[-1] == "[DONE]" or events[-1].startswith('{"error"'), events[-2:]
+            assert ended_at - killed_at < EXIT_DETECTION_S, ended_at - killed_at
+            # the in-flight registry returns to zero
+            with trio.fail_after(5):
+                await handle.manager.wait_idle()
+            # serve itself lives on; with its only engine gone it is not ready
+            async with httpx.AsyncClient(base_url=handle.base_url, timeout=10) as client:
+                assert (await client.get("/liveness")).status_code == 200
+                readiness = await client.get("/readiness")
+                assert readiness.status_code == 503, readiness.text
+            nursery.cancel_scope.cancel()
+        assert await wait_all_gone({engine_pid}) == set()
