@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import trio
+
+from smg_trio.testing.procs import alive, descendants
+
+__all__ = ["alive", "descendants", "free_port", "random_worker_base_port", "wait_all_gone"]
 
 
 def free_port() -> int:
@@ -24,42 +26,6 @@ def free_port() -> int:
 def random_worker_base_port() -> int:
     """A worker base port outside the 20000..29999 handshake band, random per test."""
     return random.randint(40000, 60000)
-
-
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """``(state, ppid, pgid)`` of ``pid`` from ``/proc/<pid>/stat``, or None if gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return fields[0], int(fields[1]), int(fields[2])
-
-
-def _all_pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def descendants(root: int) -> set[int]:
-    """Every live process below ``root`` (by PPID), plus every member of their process groups
-    (an engine runs in its own group; its children may be reparented)."""
-    table = {pid: st for pid in _all_pids() if (st := _stat(pid)) is not None}
-    found: set[int] = set()
-    frontier = {root}
-    while frontier:
-        kids = {pid for pid, (_, ppid, _) in table.items() if ppid in frontier} - found
-        found |= kids
-        frontier = kids
-    groups = {table[pid][2] for pid in found if pid in table} - {os.getpgid(0)}
-    found |= {pid for pid, (_, _, pgid) in table.items() if pgid in groups}
-    found.discard(root)
-    return found
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    st = _stat(pid)
-    return st is not None and st[0] != "Z"
 
 
 async def wait_all_gone(pids: set[int], timeout_s: float = 5.0) -> set[int]:
