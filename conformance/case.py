@@ -5,10 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from conformance.client import Context
+from typing import Any
 
 __all__ = [
     "Case",
@@ -37,8 +34,10 @@ class CaseSkipped(Exception):
     """Raised by a case that cannot be judged against this server (said why in the message)."""
 
 
-CaseFn = Callable[["Context"], str]
-"""A case body: returns a note on success, raises CaseFailed / CaseSkipped otherwise."""
+CaseFn = Callable[[Any], str]
+"""A case body: takes its suite's context (``http``: :class:`conformance.client.Context`,
+``wire``: :class:`conformance.wire_context.WireContext`), returns a note on success, raises
+CaseFailed / CaseSkipped otherwise."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--list", action="store_true", help="list the cases and exit")
     sub.add_parser(
         "wire",
-        help="wire-level checks (conformance.wire); arguments are passed through",
+        help="check the vLLM / TokenSpeed wire codecs against pinned vectors and the engines' "
+        "own codecs (see: wire --help)",
         add_help=False,
     )
     return parser

@@ -13,6 +13,8 @@ from typing import Any
 from conformance.case import CaseResult, Result
 
 __all__ = [
+    "SUITE_HTTP",
+    "SUITE_WIRE",
     "summary_counts",
     "table_header",
     "table_row",
@@ -23,6 +25,8 @@ __all__ = [
     "write_junit",
 ]
 
+SUITE_HTTP = "conformance.http"
+SUITE_WIRE = "conformance.wire"
 NAME_WIDTH = 38
 TABLE_MESSAGE_LIMIT = 400
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -62,10 +66,12 @@ def summary_line(results: Sequence[CaseResult]) -> str:
     )
 
 
-def to_json(results: Sequence[CaseResult], target: Mapping[str, Any]) -> dict[str, Any]:
+def to_json(
+    results: Sequence[CaseResult], target: Mapping[str, Any], *, suite: str = SUITE_HTTP
+) -> dict[str, Any]:
     """The JSON summary: target, counts, and every case with its behaviour, why and verdict."""
     return {
-        "suite": "conformance.http",
+        "suite": suite,
         "target": dict(target),
         "summary": summary_counts(results),
         "cases": [
@@ -86,15 +92,17 @@ def _xml_text(text: str) -> str:
     return _XML_BAD.sub("\ufffd", text)
 
 
-def to_junit(results: Sequence[CaseResult], target: Mapping[str, Any]) -> str:
+def to_junit(
+    results: Sequence[CaseResult], target: Mapping[str, Any], *, suite: str = SUITE_HTTP
+) -> str:
     """JUnit XML: one ``testcase`` per case, ``failure`` / ``skipped`` elements with messages."""
     counts = summary_counts(results)
     suites = ET.Element("testsuites")
-    suite = ET.SubElement(
+    suite_el = ET.SubElement(
         suites,
         "testsuite",
         {
-            "name": "conformance.http",
+            "name": suite,
             "tests": str(counts["total"]),
             "failures": str(counts["failed"]),
             "errors": "0",
@@ -102,14 +110,14 @@ def to_junit(results: Sequence[CaseResult], target: Mapping[str, Any]) -> str:
             "time": f"{sum(r.duration_s for r in results):.3f}",
         },
     )
-    props = ET.SubElement(suite, "properties")
+    props = ET.SubElement(suite_el, "properties")
     for key, value in target.items():
         ET.SubElement(props, "property", {"name": str(key), "value": _xml_text(str(value))})
     for r in results:
         case = ET.SubElement(
-            suite,
+            suite_el,
             "testcase",
-            {"classname": "conformance.http", "name": r.name, "time": f"{r.duration_s:.3f}"},
+            {"classname": suite, "name": r.name, "time": f"{r.duration_s:.3f}"},
         )
         detail = _xml_text(f"{r.behaviour}\nwhy: {r.why}\n\n{r.message}")
         if r.result is Result.FAIL:
@@ -124,11 +132,24 @@ def to_junit(results: Sequence[CaseResult], target: Mapping[str, Any]) -> str:
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def write_json(path: str | Path, results: Sequence[CaseResult], target: Mapping[str, Any]) -> None:
+def write_json(
+    path: str | Path,
+    results: Sequence[CaseResult],
+    target: Mapping[str, Any],
+    *,
+    suite: str = SUITE_HTTP,
+) -> None:
     """Write the JSON summary to ``path``."""
-    Path(path).write_text(json.dumps(to_json(results, target), indent=2) + "\n", encoding="utf-8")
+    data = to_json(results, target, suite=suite)
+    Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def write_junit(path: str | Path, results: Sequence[CaseResult], target: Mapping[str, Any]) -> None:
+def write_junit(
+    path: str | Path,
+    results: Sequence[CaseResult],
+    target: Mapping[str, Any],
+    *,
+    suite: str = SUITE_HTTP,
+) -> None:
     """Write JUnit XML to ``path``."""
-    Path(path).write_text(to_junit(results, target), encoding="utf-8")
+    Path(path).write_text(to_junit(results, target, suite=suite), encoding="utf-8")

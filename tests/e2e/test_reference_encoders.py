@@ -1,6 +1,7 @@
 """Round trips against the engines' OWN codecs: vLLM 0.32.0 and TokenSpeed 0.1.1.
 
-smg_trio's venv does not carry vLLM or TokenSpeed. ``_reference_roundtrip.py`` runs under the
+smg_trio's venv does not carry vLLM or TokenSpeed. ``conformance/reference_roundtrip.py`` (the
+script ``python -m smg_trio conformance wire --reference-python`` also runs) runs under the
 peers' interpreter (``.peers/vllm/bin/python``, installed by ``scripts/setup_peers.sh``) with
 this checkout on ``PYTHONPATH``, encodes with each engine's encoder and decodes with ours, and
 the other way round, and prints what every side decoded as JSON. This file asserts it.
@@ -18,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from conformance import reference_roundtrip
+from conformance.wire_context import REFERENCE_TIMEOUT_S
 from smg_trio.codec import encoder
 from smg_trio.protocol.tokenspeed import TOP_K_DISABLED, BatchTokenIDOutSlim
 from smg_trio.testing.peers import (
@@ -32,13 +35,13 @@ from smg_trio.testing.peers import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-SCRIPT = Path(__file__).with_name("_reference_roundtrip.py")
-TIMEOUT_S = 300
+SCRIPT = Path(reference_roundtrip.__file__)
+TIMEOUT_S = REFERENCE_TIMEOUT_S
 
 
 def run_reference(mode: str, env: dict[str, str]) -> dict[str, Any]:
     proc = subprocess.run(
-        [str(peer_paths().vllm_python), str(SCRIPT), mode],
+        [str(peer_paths().vllm_python), "-m", reference_roundtrip.__name__, mode],
         env=env,
         cwd=repo_root(),
         capture_output=True,

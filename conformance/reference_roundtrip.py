@@ -1,15 +1,16 @@
-"""Round-trip frames between the engines' OWN codecs and smg_trio's wire modules.
+"""Round-trip frames between the engines' OWN codecs (vLLM 0.32.0, TokenSpeed 0.1.1) and ours.
 
-Runs under the peers' interpreter (``.peers/vllm/bin/python``, see ``scripts/setup_peers.sh``)
-with the repository root on ``PYTHONPATH``, so it can import vLLM 0.32.0, TokenSpeed 0.1.1 and
-smg_trio side by side::
+Runs under an interpreter that has the engines' packages (the peers' ``.peers/vllm/bin/python``,
+see ``scripts/setup_peers.sh``) with smg_trio and this package importable, e.g.::
 
-    PYTHONPATH=<repo> .peers/vllm/bin/python tests/e2e/_reference_roundtrip.py vllm
-    PYTHONPATH=<repo> .peers/vllm/bin/python tests/e2e/_reference_roundtrip.py tokenspeed
+    PYTHONPATH=<repo> .peers/vllm/bin/python -m conformance.reference_roundtrip vllm
+    PYTHONPATH=<repo> .peers/vllm/bin/python -m conformance.reference_roundtrip tokenspeed
 
-It prints ONE JSON object on the last line of stdout: the values each side decoded, next to
-the values that went in. It asserts nothing itself; ``test_reference_encoders.py`` does. Every
-case records what it sent, so a mismatch names the case.
+Needs only the standard library, msgspec, numpy, smg_trio and the engine's packages. It prints
+ONE JSON object on the last line of stdout: the values each side decoded, next to the values
+that went in. It asserts nothing itself: ``conformance wire`` (``wire_cases_reference.py``) and
+``tests/e2e/test_reference_encoders.py`` judge it. ``conformance wire`` also calls
+:func:`vllm_cases` / :func:`tokenspeed_cases` in-process when the engines are importable.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def jsonable(obj: Any) -> Any:
 
 
 def vllm_cases() -> dict[str, Any]:
+    """Round trips against vLLM's own ``MsgpackEncoder`` / ``MsgpackDecoder`` (both ways)."""
     import torch
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams
     from vllm.v1.engine import (
@@ -353,6 +355,7 @@ def vllm_cases() -> dict[str, Any]:
 
 
 def tokenspeed_cases() -> dict[str, Any]:
+    """Round trips against TokenSpeed's own io_struct / zmq_wire codecs (both ways)."""
     from smg_trio.testing.tokenspeed_peer import install_tokenspeed_stubs
 
     install_tokenspeed_stubs()
@@ -531,8 +534,9 @@ def _version(dist: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """``reference_roundtrip.py vllm|tokenspeed``: print the JSON result; 2 on bad usage."""
     if len(argv) != 2 or argv[1] not in ("vllm", "tokenspeed"):
-        print("usage: _reference_roundtrip.py vllm|tokenspeed", file=sys.stderr)
+        print("usage: reference_roundtrip.py vllm|tokenspeed", file=sys.stderr)
         return 2
     cases = vllm_cases() if argv[1] == "vllm" else tokenspeed_cases()
     print(json.dumps(cases, sort_keys=True))
