@@ -14,6 +14,7 @@ from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
+from smg_trio.gateway.asgi_shield import ShieldedFinish
 from smg_trio.gateway.backend import GatewayBackend
 from smg_trio.gateway.call import JSON_TYPE, Gateway, RequestCall, json_response
 from smg_trio.gateway.chat import handle_chat
@@ -173,4 +174,9 @@ async def serve_http(
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     cfg.graceful_timeout = graceful_timeout_s
-    await hypercorn_serve(app, cfg, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    await hypercorn_serve(
+        ShieldedFinish(app),  # type: ignore[arg-type]
+        cfg,
+        shutdown_trigger=shutdown_trigger,
+        task_status=task_status,
+    )

@@ -134,6 +134,7 @@ class RequestCall:
         self._lease_cm: AbstractContextManager[WorkerLease] | None = None
         self._closed = False
         gw.metrics.in_flight.inc()
+        log.debug("%s %s started (Content-Type %r)", rid, endpoint, request.content_type)
 
     # -- steps ---------------------------------------------------------------------------
 
@@ -199,6 +200,7 @@ class RequestCall:
             return
         self._closed = True
         gw = self.gw
+        log.debug("%s %s finished: %d %s", self.request_id, self.endpoint, status, error_code or "")
         gw.metrics.in_flight.dec()
         if self.engine_id is not None:
             gw.active_ids.discard(self.engine_id)
