@@ -1,0 +1,114 @@
+"""The benchmark's mock engine: ``smg_trio.testing.mock_engine`` with bench settings.
+
+Same engine as ``python -m smg_trio.testing.mock_engine``, plus two options the command line
+of that module lacks:
+
+* ``--token-range LO HI``: the sampled token ids. The benchmark uses merged BPE tokens
+  (259..517 in the tiny model: the longest run of ids that each decode to complete UTF-8), so every token decodes to visible text on its own. With raw
+  byte tokens, a gateway holds back incomplete UTF-8 (fewer, larger SSE chunks) and smg logs a
+  warning per invalid byte, which would distort the CPU figures.
+* ``--answer-utility``: answer vLLM ``UTILITY`` calls (``reset_mm_cache``,
+  ``get_supported_tasks``, anything else returns None), which vLLM's own API server makes at
+  start-up when it fronts an external engine.
+
+    python bench/mock.py --handshake tcp://127.0.0.1:PORT --step-ms 1 --token-range 259 518
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+import attrs
+import trio
+
+from smg_trio.codec.msgpack import decode, encoder
+from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
+
+
+class BenchMockEngine(MockEngine):
+    """A :class:`MockEngine` that can also answer vLLM ``UTILITY`` calls."""
+
+    answer_utility = False
+
+    async def _input_loop(self) -> None:
+        if not self.answer_utility:
+            await super()._input_loop()
+            return
+        # Answer UTILITY (b"\x03") frames before the base loop sees them: the base class reads
+        # ``self._sockets.input``, so hand it a filtering stand-in.
+        assert self._sockets is not None
+        real = self._sockets.input
+        engine = self
+
+        class _Filter:
+            async def recv_multipart(self) -> list[bytes]:
+                while True:
+                    frames: list[bytes] = await real.recv_multipart()
+                    if len(frames) >= 2 and frames[0] == b"\x03":
+                        await engine._answer_utility(frames[1])
+                        continue
+                    return frames
+
+        self._sockets = attrs.evolve(self._sockets, input=_Filter())  # type: ignore[arg-type]
+        await super()._input_loop()
+
+    async def _answer_utility(self, payload: bytes) -> None:
+        client_index, call_id, method, _args = decode(payload, tuple[int, int, str, Any])
+        result: Any = ["generate"] if method == "get_supported_tasks" else None
+        # vLLM 0.32 EngineCoreOutputs with utility_output = UtilityOutput(call_id,
+        # failure_message, result); UtilityResult travels as (type info, value), type info
+        # None meaning "decode the value as is".
+        env = [self.config.engine_index, [], None, 0.0, [call_id, None, [None, result]]]
+        env += [None, None, None, None]
+        del client_index
+        await self._push([encoder.encode(env)])
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--handshake", required=True, metavar="tcp://HOST:PORT")
+    p.add_argument("--protocol", choices=("vllm", "tokenspeed"), default="vllm")
+    p.add_argument("--step-ms", type=float, default=1.0)
+    p.add_argument("--token-range", type=int, nargs=2, default=(259, 518), metavar=("LO", "HI"))
+    p.add_argument("--max-model-len", type=int, default=1 << 20)
+    p.add_argument("--answer-utility", action="store_true")
+    p.add_argument("--log-level", default="WARNING", type=str.upper)
+    return p
+
+
+async def _serve(engine: MockEngine) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(stop_on_signal)
+            await engine.run()
+            nursery.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level)
+    lo, hi = args.token_range
+    config = MockEngineConfig(
+        protocol=args.protocol,
+        step_s=args.step_ms / 1000.0,
+        token_range=(lo, hi),
+        max_model_len=args.max_model_len,
+    )
+    engine = BenchMockEngine(args.handshake, config)
+    engine.answer_utility = args.answer_utility
+    trio.run(_serve, engine)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
