@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import stat
 from typing import Final
 
@@ -93,6 +94,11 @@ def unlink_stale_socket(path: str | os.PathLike[str]) -> bool:
         raise SocketDirError(f"cannot inspect ipc socket path {p!r}: {exc}") from exc
     if not stat.S_ISSOCK(st.st_mode):
         raise SocketDirError(f"{p!r} exists but is not a socket; refusing to unlink")
+    if _socket_is_live(p):
+        raise SocketDirError(
+            f"ipc socket {p!r} is in use by another process (another gateway serving the same "
+            "worker?); pick another --worker-base-port or socket directory (SMG_ZMQ_SOCKET_DIR)"
+        )
     logger.info("Removing stale ipc socket %s", p)
     try:
         os.unlink(p)
@@ -100,6 +106,24 @@ def unlink_stale_socket(path: str | os.PathLike[str]) -> bool:
         return False
     except OSError as exc:
         raise SocketDirError(f"cannot remove stale ipc socket {p!r}: {exc}") from exc
+    return True
+
+
+def _socket_is_live(path: str) -> bool:
+    """Whether something still listens on the unix socket at ``path`` (a non-blocking connect
+    that is accepted, or refused only because the listener's backlog is full)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.setblocking(False)
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except BlockingIOError:
+        return True  # EAGAIN: a listener whose accept queue is full
+    except OSError:
+        return False
+    finally:
+        probe.close()
     return True
 
 

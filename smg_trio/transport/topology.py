@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
@@ -82,6 +83,11 @@ def _bind(
         sock.bind(address)
     except zmq.ZMQError as exc:
         msg = f"cannot bind the {role} socket to {address}: {exc.strerror}"
+        if exc.errno == errno.EADDRINUSE:
+            msg += (
+                " (another gateway serving the same worker, or a port collision; pick another "
+                "--worker-base-port, or pass --zmq-handshake-address)"
+            )
         if address.startswith("ipc://"):
             raise SocketDirError(msg) from exc
         raise EngineError(msg) from exc

@@ -7,6 +7,7 @@ import socket
 import stat
 
 import pytest
+import zmq
 
 from smg_trio.errors import SocketDirError, WorkerAddressError
 from smg_trio.testing.ipc import IpcNamespace
@@ -83,6 +84,29 @@ def test_unlinks_a_stale_socket(ipc: IpcNamespace, caplog: pytest.LogCaptureFixt
         assert unlink_stale_socket(path) is True
     assert not os.path.lexists(path)
     assert "Removing stale ipc socket" in caplog.text
+
+
+def test_refuses_to_unlink_a_live_socket(ipc: IpcNamespace) -> None:
+    """A second gateway on the same worker must not steal the first one's sockets."""
+    path = os.path.join(ipc.directory, "w-in.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(1)
+        with pytest.raises(SocketDirError, match=r"in use by another process.*worker-base-port"):
+            unlink_stale_socket(path)
+        assert os.path.lexists(path)
+
+
+def test_live_zmq_socket_is_not_unlinked_by_a_second_bind(ipc: IpcNamespace) -> None:
+    path = os.path.join(ipc.directory, "w-out.sock")
+    sock = zmq.Context.instance().socket(zmq.PULL)
+    try:
+        sock.bind(f"ipc://{path}")
+        with pytest.raises(SocketDirError, match="in use by another process"):
+            unlink_stale_socket(path)
+        assert os.path.lexists(path)
+    finally:
+        sock.close(linger=0)
 
 
 def test_missing_socket_is_fine(ipc: IpcNamespace) -> None:
