@@ -2,17 +2,53 @@
 
 from __future__ import annotations
 
+import random
 import shutil
+import socket
 import tempfile
 from types import TracebackType
 
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 
-__all__ = ["ANY_LOCAL_TCP", "IpcNamespace"]
+__all__ = ["ANY_LOCAL_TCP", "IpcNamespace", "free_handshake_address"]
 
 #: A wildcard handshake address: libzmq picks a free port, so parallel tests never collide on
 #: the derived FNV port. ``BoundSockets.handshake_address`` reports the real one.
 ANY_LOCAL_TCP = "tcp://127.0.0.1:*"
+
+
+#: Where :func:`free_handshake_address` picks ports: below Linux's ephemeral range (32768 and
+#: up by default) and below the derived FNV band (20000..29999).
+_HANDSHAKE_TEST_PORTS = range(10000, 20000)
+
+
+def _ephemeral_floor() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_handshake_address() -> str:
+    """``tcp://127.0.0.1:<port>`` free right now, for a handshake an engine dials before the
+    frontend binds (or re-binds, after a restart).
+
+    The port is never from the kernel's ephemeral range: a DEALER connecting to an unbound
+    ephemeral-range port on loopback can be given that same port as its source and connect to
+    itself (TCP simultaneous open), after which the frontend cannot bind and the engine's
+    HELLO goes nowhere. Raises ``RuntimeError`` if no port in the band is free.
+    """
+    floor = _ephemeral_floor()
+    ports = [p for p in _HANDSHAKE_TEST_PORTS if p < floor]
+    for port in random.sample(ports, min(len(ports), 200)):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return f"tcp://127.0.0.1:{port}"
+    raise RuntimeError("no free handshake port below the ephemeral range")
 
 
 class IpcNamespace:

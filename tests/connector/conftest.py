@@ -3,7 +3,6 @@ mock engines (:class:`MockEngine`) or by hand (:class:`RawEngine`)."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -21,7 +20,7 @@ from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol, GenerateRequest, SamplingOptions
 from smg_trio.protocol.vllm import VllmProtocol
-from smg_trio.testing.ipc import IpcNamespace
+from smg_trio.testing.ipc import IpcNamespace, free_handshake_address
 from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
 from smg_trio.transport.engine_side import EngineSockets, dial_frontend
 
@@ -34,16 +33,6 @@ ProtocolName = Literal["vllm", "tokenspeed"]
 PROTOCOLS: tuple[ProtocolName, ...] = ("vllm", "tokenspeed")
 
 
-def free_tcp_address() -> str:
-    """A currently free local port. Unlike the derived FNV port it comes from the kernel's
-    ephemeral allocator, so parallel test runs do not collide, and unlike ``tcp://...:*`` the
-    mock engines can be told it before the client binds."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"tcp://127.0.0.1:{port}"
-
-
 @pytest.fixture
 def ipc() -> Iterator[IpcNamespace]:
     with IpcNamespace() as ns:
@@ -52,7 +41,7 @@ def ipc() -> Iterator[IpcNamespace]:
 
 @pytest.fixture
 def addresses(ipc: IpcNamespace) -> WorkerAddresses:
-    return ipc.addresses("w0", handshake=free_tcp_address())
+    return ipc.addresses("w0", handshake=free_handshake_address())
 
 
 def make_protocol(name: ProtocolName) -> EngineProtocol:

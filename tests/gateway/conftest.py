@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -26,6 +25,7 @@ from smg_trio.protocol.addresses import worker_addresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol
 from smg_trio.protocol.vllm import VllmProtocol
+from smg_trio.testing.ipc import free_handshake_address
 from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig, Plan
 from smg_trio.testing.tiny_model import build_tiny_model
 from smg_trio.tokenizer import Tokenizer, resolve_eos
@@ -42,12 +42,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tok(tiny_model_dir: Path) -> Tokenizer:
     return Tokenizer.from_dir(tiny_model_dir)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def parse_sse(raw: str) -> list[Any]:
@@ -128,7 +122,7 @@ async def open_harness(
 ) -> AsyncIterator[Harness]:
     eos, extra = resolve_eos(model_dir, tok)
     addresses = worker_addresses(
-        f"ipc://{tempfile.mkdtemp(prefix='smg-')}/w0", f"tcp://127.0.0.1:{_free_port()}"
+        f"ipc://{tempfile.mkdtemp(prefix='smg-')}/w0", free_handshake_address()
     )
     proto: EngineProtocol = VllmProtocol() if protocol == "vllm" else TokenSpeedProtocol()
     cfg = MockEngineConfig(

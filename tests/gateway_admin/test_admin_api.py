@@ -3,7 +3,6 @@ of a WorkerManager driving mock engines over real ZMQ."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,19 +16,13 @@ from hypercorn.trio import serve
 from quart_trio import QuartTrio
 
 from smg_trio.gateway.admin import admin_blueprint
-from smg_trio.testing.ipc import IpcNamespace
+from smg_trio.testing.ipc import IpcNamespace, free_handshake_address
 from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
 from smg_trio.testing.tiny_model import default_tiny_model_dir
 from smg_trio.worker.manager import WorkerManager
 
 DEADLINE_S = 10.0
 KEY = "admin-secret"
-
-
-def free_tcp_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +69,7 @@ def body(ns: IpcNamespace, name: str, model_dir: Path, **kw: Any) -> dict[str, A
         "model_path": str(model_dir),
         "model_id": "m",
         "runtime_type": "vllm",
-        "zmq_handshake_address": free_tcp_address(),
+        "zmq_handshake_address": free_handshake_address(),
     }
     doc.update(kw)
     return doc

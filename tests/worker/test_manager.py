@@ -5,7 +5,6 @@ collisions, and a never-dialing engine that must not block anything (B24, B25)."
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -20,20 +19,13 @@ from smg_trio.errors import EngineError, ValidationError
 from smg_trio.gateway.backend import NoWorkerAvailable
 from smg_trio.protocol.addresses import derive_handshake_port
 from smg_trio.protocol.types import GenerateRequest, SamplingOptions
-from smg_trio.testing.ipc import IpcNamespace
+from smg_trio.testing.ipc import IpcNamespace, free_handshake_address
 from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
 from smg_trio.testing.tiny_model import default_tiny_model_dir
 from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
 from smg_trio.worker.policies import POLICY_NAMES
 
 DEADLINE_S = 30.0  # generous: CI machines are shared; a pass takes ~1 s
-
-
-def free_tcp_address() -> str:
-    """A free local port from the kernel's allocator (the mocks must know it before the bind)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +42,7 @@ def ns() -> Iterator[IpcNamespace]:
 def make_spec(
     ns: IpcNamespace, name: str, model_dir: Path, *, model_id: str = "m", **kw: object
 ) -> WorkerSpec:
-    kw.setdefault("zmq_handshake_address", free_tcp_address())
+    kw.setdefault("zmq_handshake_address", free_handshake_address())
     kw.setdefault("runtime_type", "vllm")
     return WorkerSpec(url=ns.worker_url(name), model_path=str(model_dir), model_id=model_id, **kw)  # type: ignore[arg-type]
 
@@ -326,7 +318,7 @@ async def test_handshake_address_collisions_name_both_urls(
 ) -> None:
     with trio.fail_after(DEADLINE_S):
         async with open_manager() as (manager, _):
-            hs = free_tcp_address()
+            hs = free_handshake_address()
             first = make_spec(ns, "a", model_dir, zmq_handshake_address=hs)
             second = make_spec(ns, "b", model_dir, zmq_handshake_address=hs)
             manager.add_worker(first)
