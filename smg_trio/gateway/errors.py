@@ -102,6 +102,10 @@ def model_not_found(model: str) -> ApiError:
     )
 
 
+#: The message for a request whose JSON nests deeper than the decoder or renderer can follow.
+TOO_DEEP = "the request JSON is nested too deeply"
+
+
 def to_api_error(exc: BaseException) -> ApiError:
     """Map any exception to its response. Client input errors are 4xx, an unavailable or
     dead engine 503, an engine-side failure 500; never raises."""
@@ -119,5 +123,7 @@ def to_api_error(exc: BaseException) -> ApiError:
         )
     if isinstance(exc, trio.TooSlowError):
         return ApiError(504, "the engine did not answer in time", code="timeout")
+    if isinstance(exc, RecursionError):  # a nested structure in the request (tool schemas...)
+        return ApiError(400, TOO_DEEP, code="invalid_value")
     log.exception("internal error", exc_info=exc)
     return ApiError(500, f"internal error: {type(exc).__name__}", code="internal_error")

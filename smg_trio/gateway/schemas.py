@@ -318,3 +318,7 @@ def decode_body(data: bytes, type_: type[T]) -> T:
         raise ApiError(400, text, param=param or None, code=code) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"JSON syntax error: {exc}", code="json_parse_error") from None
+    except RecursionError:
+        raise ApiError(
+            400, "the request JSON is nested too deeply", code="json_parse_error"
+        ) from None

@@ -84,10 +84,29 @@ def _reject_unsupported(body: SamplingRequest) -> None:
         raise _bad("request priority is not supported", "priority", "unsupported_field")
 
 
+#: Most stop strings per request. OpenAI allows 4 and vLLM sets no limit; each one is matched
+#: against every streamed delta, so an unbounded list is a per-token CPU lever for one request.
+MAX_STOP_STRINGS = 64
+#: Longest stop string, in characters. Real stops are short; the matcher holds back up to this
+#: many characters of text, and each stop is tokenized once per request.
+MAX_STOP_CHARS = 1024
+
+
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    """The non-empty, de-duplicated stop strings; a 400 naming ``stop`` beyond the limits."""
     if stop is None:
         return ()
     items = [stop] if isinstance(stop, str) else stop
+    if len(items) > MAX_STOP_STRINGS:
+        raise _bad(
+            f"at most {MAX_STOP_STRINGS} stop strings are accepted, got {len(items)}", "stop"
+        )
+    for i, item in enumerate(items):
+        if len(item) > MAX_STOP_CHARS:
+            param = "stop" if isinstance(stop, str) else f"stop[{i}]"
+            raise _bad(
+                f"a stop string may be at most {MAX_STOP_CHARS} characters, got {len(item)}", param
+            )
     return tuple(dict.fromkeys(s for s in items if s))
 
 

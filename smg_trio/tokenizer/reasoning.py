@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from smg_trio.tokenizer._holdback import partial_suffix_len, proper_prefixes
+from smg_trio.tokenizer._holdback import PrefixIndex
 
 __all__ = ["REASONING_PARSERS", "ReasoningParser", "get_reasoning_parser"]
 
@@ -40,8 +40,8 @@ class ReasoningParser:
             raise ValueError("reasoning start and end tags must be non-empty")
         self._start = start
         self._end = end
-        self._start_prefixes = proper_prefixes([start])
-        self._end_prefixes = proper_prefixes([end])
+        self._start_prefixes = PrefixIndex([start])
+        self._end_prefixes = PrefixIndex([end])
         self._initial = in_reasoning
         self._state = _REASONING if in_reasoning else _BEFORE
         self._opened = in_reasoning
@@ -76,7 +76,7 @@ class ReasoningParser:
                     self._state = _REASONING
                     self._opened = True
                     continue
-                cut = len(buf) - partial_suffix_len(buf, self._start_prefixes, len(self._start) - 1)
+                cut = len(buf) - self._start_prefixes.partial_suffix_len(buf)
                 content.append(buf[:cut])
                 self._held = buf[cut:]
                 break
@@ -94,7 +94,7 @@ class ReasoningParser:
                 buf = buf[i + len(self._end) :]
                 self._state = _CONTENT
                 continue
-            cut = len(buf) - partial_suffix_len(buf, self._end_prefixes, len(self._end) - 1)
+            cut = len(buf) - self._end_prefixes.partial_suffix_len(buf)
             reasoning.append(buf[:cut])
             self._held = buf[cut:]
             break

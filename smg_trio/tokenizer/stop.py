@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from smg_trio.tokenizer._holdback import partial_suffix_len, proper_prefixes
+from smg_trio.tokenizer._holdback import PrefixIndex
 from smg_trio.tokenizer.core import Tokenizer
 
 __all__ = ["StopMatcher", "single_token_stop_ids"]
@@ -21,12 +21,11 @@ class StopMatcher:
     ignored; with no stops every delta passes straight through.
     """
 
-    __slots__ = ("_held", "_include", "_matched", "_max_hold", "_prefixes", "_stops")
+    __slots__ = ("_held", "_include", "_matched", "_prefixes", "_stops")
 
     def __init__(self, stops: Sequence[str], *, include_stop_str_in_output: bool = False) -> None:
         self._stops: tuple[str, ...] = tuple(dict.fromkeys(s for s in stops if s))
-        self._prefixes = proper_prefixes(self._stops)
-        self._max_hold = max((len(s) for s in self._stops), default=1) - 1
+        self._prefixes = PrefixIndex(self._stops)
         self._include = include_stop_str_in_output
         self._held = ""
         self._matched: str | None = None
@@ -60,7 +59,7 @@ class StopMatcher:
             self._held = ""
             end = best + len(best_stop) if self._include else best
             return buf[:end], best_stop
-        hold = partial_suffix_len(buf, self._prefixes, self._max_hold)
+        hold = self._prefixes.partial_suffix_len(buf)
         cut = len(buf) - hold
         self._held = buf[cut:]
         return buf[:cut], None

@@ -67,6 +67,9 @@ CHAT_CASES: list[tuple[str, dict[str, Any], int, str | None]] = [
     ("seed 2**63", {"seed": 2**63}, 400, "seed"),
     ("stream not bool", {"stream": "yes"}, 400, "stream"),
     ("stop wrong type", {"stop": 5}, 400, "stop"),
+    ("stop string too long", {"stop": "a" * 40_000}, 400, "stop"),
+    ("stop list item too long", {"stop": ["ok", "a" * 1025]}, 400, "stop[1]"),
+    ("too many stop strings", {"stop": [f"s{i}" for i in range(65)]}, 400, "stop"),
     ("stop_token_ids out of vocab", {"stop_token_ids": [5000]}, 400, "stop_token_ids[0]"),
     ("logit_bias non-id key", {"logit_bias": {"abc": 1}}, 400, "logit_bias"),
     ("logit_bias out of vocab", {"logit_bias": {"99999": 1}}, 400, "logit_bias"),
@@ -151,7 +154,41 @@ async def test_completion_rejections(
             await assert_untouched(h)
 
 
-@pytest.mark.parametrize("raw", [b"[]", b"null", b"123", b'"x"', b'{"model":"M",x}', b"", b"{"])
+DEEP = b'{"x":' * 5000 + b"1" + b"}" * 5000
+
+
+def _deep_tools(depth: int) -> bytes:
+    return (
+        b'{"model":"M","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function",'
+        b'"function":{"name":"f","parameters":' + b'{"a":' * depth + b"1" + b"}" * depth + b"}}]}"
+    )
+
+
+DEEP_IN_TOOLS = _deep_tools(3000)
+
+
+@pytest.mark.parametrize("depth", [900, 990])
+async def test_deep_tool_schema_is_a_400_or_served_never_a_500(
+    harness: HarnessFactory, depth: int
+) -> None:
+    """Nesting the decoder accepts can still be too deep for the template's JSON rendering."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            resp = await h.http.post(
+                "/v1/chat/completions",
+                content=_deep_tools(depth),
+                headers={"content-type": "application/json"},
+            )
+            assert resp.status_code in (200, 400), resp.text
+            if resp.status_code == 400:
+                assert_envelope(resp, 400, None)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"[]", b"null", b"123", b'"x"', b'{"model":"M",x}', b"", b"{", DEEP, DEEP_IN_TOOLS],
+    ids=["list", "null", "int", "str", "bad-key", "empty", "open", "deep", "deep-in-tools"],
+)
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 async def test_b18_malformed_bodies(harness: HarnessFactory, raw: bytes, path: str) -> None:
     with trio.fail_after(DEADLINE_S):
