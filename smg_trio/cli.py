@@ -72,7 +72,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="load-balancing policy across workers of a model (default %(default)s)",
     )
     g.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on inference endpoints")
-    g.add_argument("--admin-api-key", help="require this bearer key on /workers")
+    g.add_argument(
+        "--admin-api-key",
+        help="require this bearer key on /workers and /get_loads (default: the --api-key)",
+    )
     g.add_argument("--reasoning-parser", help="split <think> reasoning: qwen3 or deepseek_r1")
     g.add_argument("--max-n", type=int, default=16, help="largest n accepted (default %(default)s)")
     g.add_argument(
@@ -270,16 +273,25 @@ async def _run_gateway(config: Any) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
+            async def drain_then_stop(drain_scope: trio.CancelScope) -> None:
+                with drain_scope:
+                    if handle is not None:
+                        await handle.drain(config.shutdown_grace_period_s)
+                nursery.cancel_scope.cancel()
+
             async def on_signal() -> None:
                 # Watched from the start: a signal during a slow engine startup stops at once.
+                # The first SIGINT/SIGTERM drains; another one skips what is left of the drain.
+                drain_scope: trio.CancelScope | None = None
                 async for signum in signals:
-                    log.info("received %s: draining", signal.Signals(signum).name)
-                    if handle is not None:
-                        handle.manager.start_draining()
-                        with trio.move_on_after(config.shutdown_grace_period_s):
-                            await handle.manager.wait_idle()
-                    nursery.cancel_scope.cancel()
-                    return
+                    name = signal.Signals(signum).name
+                    if drain_scope is None:
+                        log.info("received %s: draining (send it again to stop now)", name)
+                        drain_scope = trio.CancelScope()
+                        nursery.start_soon(drain_then_stop, drain_scope)
+                    else:
+                        log.info("received %s again: stopping now", name)
+                        drain_scope.cancel()
 
             nursery.start_soon(on_signal)
             handle = await nursery.start(serve, config)

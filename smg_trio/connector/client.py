@@ -188,6 +188,15 @@ class EngineClient:
         if self.alive:
             await self._send_abort(entry.identity, request_id)
 
+    def fail_inflight(self, error: BaseException) -> int:
+        """End every in-flight request's stream with ``error`` now, leaving the client alive:
+        each ``generate`` block then exits and sends its ABORT as usual. Used when the gateway
+        must stop waiting (its shutdown grace period ran out). Returns how many were failed."""
+        entries = [e for e in self._registry.values() if not e.finished]
+        for entry in entries:
+            entry.close(error)
+        return len(entries)
+
     def kill(self, reason: str) -> None:
         """Latch the client dead now (e.g. its engine process exited): every in-flight request
         fails with ``EngineDeadError`` and ``dead_event`` is set."""
@@ -232,6 +241,21 @@ class EngineClient:
             err = EngineDeadError(f"engine send stuck for over {ENGINE_SEND_TIMEOUT_S:g} s")
             self._die(err)
             raise err
+
+    def _abort_all_nowait(self) -> None:
+        """Queue one ABORT per engine identity for every in-flight request, without waiting."""
+        by_identity: dict[bytes, list[str]] = {}
+        for entry in self._registry.values():
+            if entry.sent:
+                by_identity.setdefault(entry.identity, []).append(entry.request_id)
+        for identity, ids in by_identity.items():
+            msg = [identity, *self.protocol.encode_abort(ids)]
+            try:
+                queued = self._sockets.input.send_multipart_nowait(msg)
+            except (zmq.ZMQError, trio.ClosedResourceError):
+                queued = False
+            if not queued:
+                log.warning("could not queue ABORT for %d stalled request(s)", len(ids))
 
     async def _send_abort(self, identity: bytes, request_id: str) -> None:
         try:
@@ -324,6 +348,9 @@ class EngineClient:
                 if self._dead is not None or self._closed:
                     return
                 if self._registry:
+                    # The engine may be stalled rather than gone: ask it to drop the requests
+                    # (best effort, never blocking) before they are failed here.
+                    self._abort_all_nowait()
                     self._die(
                         EngineDeadError(
                             f"no engine output for {self._silence_timeout_s:g} s with "

@@ -12,14 +12,25 @@ import trio
 from smg_trio.gateway.admin import admin_blueprint
 from smg_trio.gateway.app import create_app, serve_http
 from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.errors import ApiError
 from smg_trio.serve.commands import build_engine_command, reject_handshake_collisions
 from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 from smg_trio.serve.launcher import EngineExited, run_engine_process
 from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
 
-__all__ = ["EngineLaunchConfig", "GatewayConfig", "ServeHandle", "open_gateway", "serve"]
+__all__ = [
+    "DRAIN_FLUSH_S",
+    "EngineLaunchConfig",
+    "GatewayConfig",
+    "ServeHandle",
+    "open_gateway",
+    "serve",
+]
 
 log = logging.getLogger(__name__)
+
+#: After the grace period, how long requests ended with a ``draining`` error get to write it.
+DRAIN_FLUSH_S = 2.0
 
 
 @attrs.frozen
@@ -36,6 +47,23 @@ class ServeHandle:
     def base_url(self) -> str:
         """``http://host:port``."""
         return f"http://{self.host}:{self.port}"
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop taking requests (readiness 503, new requests 503 ``draining``) and give the
+        in-flight ones ``grace_s`` seconds to finish. Those still running then end with a 503
+        ``draining`` error (an SSE error event and ``[DONE]`` for streams; their engines get
+        ABORT), with up to :data:`DRAIN_FLUSH_S` seconds to write it. Cancel the serve nursery
+        afterwards to stop."""
+        self.manager.start_draining()
+        with trio.move_on_after(grace_s):
+            await self.manager.wait_idle()
+        failed = self.manager.fail_inflight(
+            ApiError(503, "the gateway is shutting down", code="draining")
+        )
+        if failed:
+            log.warning("shutdown grace period over: ended %d request(s) in flight", failed)
+            with trio.move_on_after(DRAIN_FLUSH_S):
+                await self.manager.wait_idle()
 
 
 def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
@@ -132,7 +160,17 @@ async def serve(
                 )
             )
         app = create_app(manager, _http_config(config))
-        app.register_blueprint(admin_blueprint(manager, admin_api_key=config.admin_api_key))
+        # as in smg, the shared --api-key also gates the control plane unless it has its own key
+        admin_key = config.admin_api_key if config.admin_api_key is not None else config.api_key
+        if admin_key is None:
+            loopback = config.host in ("127.0.0.1", "localhost", "::1")
+            log.log(
+                logging.INFO if loopback else logging.WARNING,
+                "the /workers admin API is open to anyone who can reach %s; set --admin-api-key "
+                "(or --api-key)",
+                config.host,
+            )
+        app.register_blueprint(admin_blueprint(manager, admin_api_key=admin_key))
         binds: list[str] = await nursery.start(serve_http, app, config.host, config.port)
         host, _, port_text = binds[0].removeprefix("http://").rpartition(":")
         host, port = host.strip("[]"), int(port_text)

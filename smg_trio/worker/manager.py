@@ -236,6 +236,15 @@ class WorkerManager:
             if worker.inflight == 0:
                 worker.idle.set()
 
+    def fail_inflight(self, error: BaseException) -> int:
+        """End every in-flight request on every worker with ``error`` (each then sends its
+        engine ABORT as usual); the workers stay up. Returns how many requests were failed."""
+        failed = 0
+        for w in self.workers:
+            if w.engine_client is not None:
+                failed += w.engine_client.fail_inflight(error)
+        return failed
+
     async def wait_idle(self) -> None:
         """Return once no worker has requests in flight."""
         while True:

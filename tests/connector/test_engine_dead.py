@@ -107,6 +107,11 @@ async def test_silence_with_requests_in_flight_is_death(
             # The last output came at most one engine step before the fault.
             assert SILENCE_S - 0.05 <= elapsed < SILENCE_S + 2.0
             await _assert_latched_dead(client, "no engine output")
+            if fault == "stall":
+                # a stalled (not dead) engine is still asked to drop what the client gave up on
+                while "r" not in engine.aborts:
+                    await engine.abort_event.wait()
+                assert "r" not in engine.active
             engine.resume()
 
 

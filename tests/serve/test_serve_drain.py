@@ -1,0 +1,148 @@
+"""SIGTERM drains: requests still running when the grace period ends get a 503 ``draining``
+(an SSE error event then ``[DONE]`` for streams), the process exits 0, and a second signal
+skips the rest of the drain instead of killing the process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from .conftest import descendants, free_port, random_worker_base_port, wait_all_gone
+
+httpx = pytest.importorskip("httpx")
+
+pytestmark = pytest.mark.slow
+
+#: Long enough for requests to be mid-generation at SIGTERM, short enough to expire.
+GRACE_S = 1.0
+
+
+async def _start(sock_dir: str, tmp_path: Path, grace_s: float) -> tuple[trio.Process, str]:
+    port = free_port()
+    env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
+    argv = [
+        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock",
+        "--port", str(port), "--worker-base-port", str(random_worker_base_port()),
+        "--shutdown-grace-period-secs", str(grace_s), "--", "--step-ms", "20",
+    ]  # fmt: skip
+    with (tmp_path / "serve.stderr").open("wb") as stderr:
+        proc = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
+        )
+    assert proc.stdout is not None
+    buf = b""
+    with trio.fail_after(60):
+        async for chunk in proc.stdout:
+            buf += chunk
+            if b"smg_trio ready on " in buf:
+                return proc, f"http://127.0.0.1:{port}"
+    raise AssertionError(f"serve exited before it was ready: {buf!r}")
+
+
+def _body(stream: bool) -> dict[str, object]:
+    return {
+        "model": "mock-tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1000,  # 20 s at 20 ms per step: still running when the grace ends
+        "ignore_eos": True,
+        "stream": stream,
+    }
+
+
+async def test_grace_period_expiry_ends_requests_with_draining_errors(
+    sock_dir: str, tmp_path: Path
+) -> None:
+    proc, base = await _start(sock_dir, tmp_path, GRACE_S)
+    children = descendants(proc.pid)
+    try:
+        events: list[str] = []
+        statuses: list[int] = []
+        bodies: list[dict[str, object]] = []
+        started = trio.Event()
+
+        async def stream(client: httpx.AsyncClient) -> None:
+            async with client.stream("POST", "/v1/chat/completions", json=_body(True)) as resp:
+                assert resp.status_code == 200
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: "):
+                        events.append(line.removeprefix("data: "))
+                        if '"content"' in line:
+                            started.set()
+
+        async def plain(client: httpx.AsyncClient) -> None:
+            resp = await client.post("/v1/chat/completions", json=_body(False))
+            statuses.append(resp.status_code)
+            bodies.append(resp.json())
+
+        with trio.fail_after(30):
+            async with (
+                httpx.AsyncClient(base_url=base, timeout=30) as client,
+                trio.open_nursery() as nursery,
+            ):
+                nursery.start_soon(stream, client)
+                nursery.start_soon(plain, client)
+                await started.wait()
+                proc.send_signal(signal.SIGTERM)
+            code = await proc.wait()
+        log = (tmp_path / "serve.stderr").read_text(errors="replace")
+        assert code == 0, log[-3000:]
+        assert events[-1] == "[DONE]", events[-3:]
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "draining", error
+        assert statuses == [503], bodies
+        assert bodies[0]["error"]["code"] == "draining"  # type: ignore[index]
+        assert "ended 2 request(s) in flight" in log
+        assert await wait_all_gone(children) == set()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_second_signal_skips_the_drain_and_exits_zero(sock_dir: str, tmp_path: Path) -> None:
+    proc, base = await _start(sock_dir, tmp_path, grace_s=600.0)
+    children = descendants(proc.pid)
+    try:
+        started = trio.Event()
+        ended = trio.Event()
+
+        async def stream(client: httpx.AsyncClient) -> None:
+            try:
+                async with client.stream("POST", "/v1/chat/completions", json=_body(True)) as resp:
+                    async for line in resp.aiter_lines():
+                        if '"content"' in line:
+                            started.set()
+            except httpx.HTTPError:
+                pass  # the forced stop may cut it: that is what a second signal asks for
+            ended.set()
+
+        with trio.fail_after(30):
+            async with (
+                httpx.AsyncClient(base_url=base, timeout=30) as client,
+                trio.open_nursery() as nursery,
+            ):
+                nursery.start_soon(stream, client)
+                await started.wait()
+                proc.send_signal(signal.SIGTERM)
+                # the first signal is handled once readiness turns 503 (two signals sent
+                # back to back could be merged into one by the kernel)
+                while (await client.get("/readiness")).status_code != 503:
+                    pass
+                proc.send_signal(signal.SIGTERM)
+                code = await proc.wait()  # well before the 600 s grace
+                await ended.wait()
+        log = (tmp_path / "serve.stderr").read_text(errors="replace")
+        assert code == 0, log[-3000:]
+        assert "stopping now" in log
+        assert await wait_all_gone(children) == set()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
