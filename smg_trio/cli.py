@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import json
 import logging
+import math
 import os
 import signal
 import sys
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +60,49 @@ def _default_backend() -> str:
     return "mock"
 
 
+def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an int in ``[low, high]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(*, allow_zero: bool, allow_inf: bool = False) -> Callable[[str], float]:
+    """An argparse type: a duration in seconds (positive, or also 0; finite unless inf is
+    allowed)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if math.isnan(value) or (math.isinf(value) and not allow_inf):
+            raise argparse.ArgumentTypeError(f"must be a finite number of seconds, got {text}")
+        if value < 0 or (value == 0 and not allow_zero):
+            kind = "non-negative" if allow_zero else "positive"
+            raise argparse.ArgumentTypeError(f"must be {kind}, got {text}")
+        return value
+
+    return parse
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("gateway")
     g.add_argument("--host", default="127.0.0.1", help="HTTP bind host (default %(default)s)")
     g.add_argument(
-        "--port", type=int, default=8080, help="HTTP port; 0 picks a free one (default %(default)s)"
+        "--port",
+        type=_int_at_least(0, 65535),
+        default=8080,
+        help="HTTP port; 0 picks a free one (default %(default)s)",
     )
     g.add_argument("--served-model-name", help="model id clients send (default: the model path)")
     g.add_argument(
@@ -77,22 +117,27 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="require this bearer key on /workers and /get_loads (default: the --api-key)",
     )
     g.add_argument("--reasoning-parser", help="split <think> reasoning: qwen3 or deepseek_r1")
-    g.add_argument("--max-n", type=int, default=16, help="largest n accepted (default %(default)s)")
+    g.add_argument(
+        "--max-n",
+        type=_int_at_least(1),
+        default=16,
+        help="largest n accepted (default %(default)s)",
+    )
     g.add_argument(
         "--worker-startup-timeout-secs",
-        type=float,
+        type=_seconds(allow_zero=False),
         default=600.0,
         help="per-stage engine handshake deadline in seconds (default %(default)s)",
     )
     g.add_argument(
         "--engine-silence-timeout-secs",
-        type=float,
+        type=_seconds(allow_zero=False, allow_inf=True),
         default=300.0,
         help="fail in-flight requests after this long without engine output (default %(default)s)",
     )
     g.add_argument(
         "--shutdown-grace-period-secs",
-        type=float,
+        type=_seconds(allow_zero=True),
         default=30.0,
         help="on SIGINT/SIGTERM, how long in-flight requests may finish (default %(default)s)",
     )
@@ -123,11 +168,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--model", help="local model directory (default for mock: a generated tiny model)"
     )
-    s.add_argument("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1,
+    s.add_argument("--dp-size", "--data-parallel-size", dest="dp_size", type=_int_at_least(1), default=1,
                    help="independent engine workers (default %(default)s)")  # fmt: skip
     s.add_argument(
         "--worker-base-port",
-        type=int,
+        type=_int_at_least(1, 65535),
         default=31000,
         help="first worker port (default %(default)s)",
     )
@@ -159,7 +204,10 @@ def _parser() -> argparse.ArgumentParser:
         "--model-path", help="local model directory (tokenizer, chat template, EOS ids)"
     )
     la.add_argument(
-        "--zmq-engine-count", type=int, default=1, help="engines (DP ranks) per worker URL"
+        "--zmq-engine-count",
+        type=_int_at_least(1),
+        default=1,
+        help="engines (DP ranks) per worker URL",
     )
     la.add_argument("--zmq-handshake-address", help="tcp:// handshake override (single worker)")
     _common(la)
@@ -193,8 +241,14 @@ def _apply_env_and_file(
             continue
         if action.nargs == "+" and isinstance(raw, str):
             raw = raw.split(",")
-        elif action.type is not None and isinstance(raw, str):
-            raw = action.type(raw)  # type: ignore[operator,unused-ignore]
+        elif action.type is not None and isinstance(raw, (str, int, float)):
+            try:
+                raw = action.type(str(raw))  # type: ignore[operator,unused-ignore]
+            except (argparse.ArgumentTypeError, ValueError) as exc:
+                subparser.error(
+                    f"argument {'/'.join(action.option_strings)}: {exc} "
+                    f"(from {_ENV_PREFIX + action.dest.upper()} or --config)"
+                )
         if action.choices is not None and raw not in action.choices:
             choices = ", ".join(map(repr, action.choices))
             subparser.error(
@@ -202,6 +256,22 @@ def _apply_env_and_file(
                 f"(from {_ENV_PREFIX + action.dest.upper()} or --config; choose from {choices})"
             )
         setattr(args, action.dest, raw)
+
+
+def _check_model_dir(path: str, flag: str) -> None:
+    """Exit with a usage error unless ``path`` is a local model directory the gateway can
+    tokenize with (checked before any engine is launched)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise SystemExit(
+            f"smg_trio: error: {flag} {path}: not a local directory (models are not downloaded; "
+            "pass the directory holding config.json and tokenizer.json)"
+        )
+    if not (p / "tokenizer.json").is_file():
+        raise SystemExit(
+            f"smg_trio: error: {flag} {path}: no tokenizer.json there (the gateway tokenizes "
+            "with a fast tokenizer.json)"
+        )
 
 
 def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
@@ -229,6 +299,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             from smg_trio.tokenizer.core import Tokenizer
 
             model = model or str(default_tiny_model_dir())
+            _check_model_dir(model, "--model")
             tok = Tokenizer.from_dir(model)
             if tok.eos_token_id is not None and "--eos-token-id" not in extra:
                 extra += ["--eos-token-id", str(tok.eos_token_id)]
@@ -237,6 +308,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             )
         if model is None:
             raise SystemExit(f"serve --backend {backend} needs --model DIR")
+        _check_model_dir(model, "--model")
         if args.served_model_name is None and backend == "mock":
             common["served_model_name"] = "mock-tiny"
         return GatewayConfig(
@@ -256,6 +328,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         raise SystemExit("launch needs --worker-urls ipc://...")
     if not args.model_path:
         raise SystemExit("launch needs --model-path DIR (the gateway tokenizes)")
+    _check_model_dir(args.model_path, "--model-path")
     return GatewayConfig(
         worker_urls=tuple(args.worker_urls),
         backend=args.backend,
@@ -321,7 +394,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         i = argv.index("--")
         argv, engine_args = argv[:i], argv[i + 1 :]
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        hint = ""
+        if args.command == "serve":
+            hint = f" (engine arguments go after '--': serve ... -- {' '.join(unknown)})"
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if args.command == "version":
         print(__version__)
         return 0
@@ -337,6 +415,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for leaf in _leaves(exc):
             if isinstance(leaf, (trio.Cancelled, KeyboardInterrupt)):
                 continue
+            if isinstance(leaf, OSError) and leaf.errno == errno.EADDRINUSE:
+                leaf = OSError(
+                    f"cannot listen on {config.host}:{config.port}: address already in use "
+                    "(another server there? pick another --port)"
+                )
             print(f"smg_trio: error: {leaf}", file=sys.stderr)
         return 1
     return 0

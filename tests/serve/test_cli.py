@@ -87,6 +87,39 @@ def test_env_value_outside_choices_rejected(monkeypatch: pytest.MonkeyPatch) -> 
     assert exc.value.code == 2
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--dp-size", "0", "must be at least 1"),
+        ("--max-n", "0", "must be at least 1"),
+        ("--port", "70000", "between 0 and 65535"),
+        ("--worker-base-port", "0", "between 1 and 65535"),
+        ("--engine-silence-timeout-secs", "-1", "must be positive"),
+        ("--worker-startup-timeout-secs", "0", "must be positive"),
+        ("--shutdown-grace-period-secs", "nan", "finite"),
+        ("--shutdown-grace-period-secs", "inf", "finite"),
+        ("--dp-size", "two", "not an integer"),
+    ],
+)
+def test_out_of_range_values_are_usage_errors(
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _args(["serve", flag, value])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_out_of_range_env_value_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SMG_TRIO_DP_SIZE", "0")
+    with pytest.raises(SystemExit) as exc:
+        _args(["serve"])
+    assert exc.value.code == 2
+    assert "SMG_TRIO_DP_SIZE" in capsys.readouterr().err
+
+
 def test_config_to_gateway_config_mock() -> None:
     args = _args(["serve", "--backend", "mock", "--dp-size", "2", "--worker-base-port", "41000"])
     config = cli._config_from_args(args, ["--step-ms", "0"])  # type: ignore[arg-type]
@@ -303,3 +336,31 @@ def test_mock_command() -> None:
 def test_filter_owned_flags(args: list[str], expected: list[str]) -> None:
     owned = ("--model", "--headless", "--data-parallel-address")
     assert filter_owned_flags(args, owned) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--backend", "mock", "--model", "/nonexistent"], "not a local directory"),
+        (["serve", "--backend", "vllm", "--model", "Qwen/Qwen2.5-0.5B"], "not a local directory"),
+        (["launch", "--worker-urls", "ipc:///tmp/x/w", "--model-path", "/"], "no tokenizer.json"),
+    ],
+)
+def test_bad_model_dir_is_a_clean_error_before_launch(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from smg_trio.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert message in str(exc.value.code)
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_engine_flag_before_the_separator_gets_a_hint(capsys: pytest.CaptureFixture[str]) -> None:
+    from smg_trio.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--backend", "mock", "--tensor-parallel-size", "2"])
+    assert exc.value.code == 2
+    assert "engine arguments go after '--'" in capsys.readouterr().err
