@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from smg_trio.testing.tiny_model import default_tiny_model_dir
+
 # smg_trio.serve imports the HTTP app; these run once it is importable.
 pytest.importorskip("smg_trio.gateway.app", reason="the HTTP app has not landed yet")
 
@@ -133,12 +135,13 @@ def test_config_to_gateway_config_mock() -> None:
 
 
 def test_engine_python_flag() -> None:
+    model = str(default_tiny_model_dir())
     args = _args(
-        ["serve", "--backend", "vllm", "--model", "/m", "--engine-python", "/v/bin/python"]
+        ["serve", "--backend", "vllm", "--model", model, "--engine-python", "/v/bin/python"]
     )
     config = cli._config_from_args(args, [])  # type: ignore[arg-type]
     assert config.engines.python == "/v/bin/python"
-    assert config.model_path == "/m"
+    assert config.model_path == model
 
 
 def test_serve_vllm_needs_model() -> None:
