@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import attrs
@@ -13,13 +13,18 @@ from smg_trio.gateway.admin import admin_blueprint
 from smg_trio.gateway.app import create_app, serve_http
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.errors import ApiError
-from smg_trio.serve.commands import build_engine_command, reject_handshake_collisions
+from smg_trio.serve.commands import (
+    EngineLaunch,
+    build_engine_command,
+    reject_handshake_collisions,
+)
 from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 from smg_trio.serve.launcher import EngineExited, run_engine_process
 from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
 
 __all__ = [
     "DRAIN_FLUSH_S",
+    "ENGINE_RESTART_LIMIT",
     "EngineLaunchConfig",
     "GatewayConfig",
     "ServeHandle",
@@ -31,6 +36,13 @@ log = logging.getLogger(__name__)
 
 #: After the grace period, how long requests ended with a ``draining`` error get to write it.
 DRAIN_FLUSH_S = 2.0
+#: A launched engine that exits at runtime is restarted (its worker re-handshakes), at most
+#: this many times per window; one more exit fails ``serve`` so that its own supervisor (systemd,
+#: Kubernetes) sees it instead of a gateway that stays up with nothing to serve.
+ENGINE_RESTART_LIMIT = 5
+ENGINE_RESTART_WINDOW_S = 600.0
+#: Restart backoff: 1 s, doubling per recent restart, at most this.
+ENGINE_RESTART_MAX_DELAY_S = 30.0
 
 
 @attrs.frozen
@@ -70,7 +82,7 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
     return GatewayHttpConfig(api_key=config.api_key, max_n=config.max_n)
 
 
-def _launch_plan(config: GatewayConfig) -> list[tuple[str, object]]:
+def _launch_plan(config: GatewayConfig) -> list[tuple[str, EngineLaunch]]:
     eng = config.engines
     if eng is None:
         return []
@@ -89,6 +101,44 @@ def _launch_plan(config: GatewayConfig) -> list[tuple[str, object]]:
     ]
     reject_handshake_collisions([launch.worker_url for launch in launches])
     return [(launch.worker_url, launch) for launch in launches]
+
+
+async def _supervise_engine(
+    launch: EngineLaunch,
+    url: str,
+    on_exit: Callable[[EngineExited], None],
+    registered: set[str],
+) -> None:
+    """Run one launched engine; restart it when it exits after its worker registered (with
+    backoff, at most :data:`ENGINE_RESTART_LIMIT` times per window). An exit before
+    registration, or one restart too many, raises :class:`EngineExited` and fails serve."""
+    name = url.rsplit("/", 1)[-1]
+    restarts: list[float] = []
+    while True:
+        try:
+            await run_engine_process(launch, name=name, on_exit=on_exit)
+        except EngineExited as exc:
+            if url not in registered:
+                raise
+            now = trio.current_time()
+            restarts = [t for t in restarts if now - t < ENGINE_RESTART_WINDOW_S]
+            if len(restarts) >= ENGINE_RESTART_LIMIT:
+                log.error(
+                    "engine for %s exited %d times in %.0f s; giving up",
+                    url,
+                    len(restarts) + 1,
+                    ENGINE_RESTART_WINDOW_S,
+                )
+                raise
+            delay = min(2.0 ** len(restarts), ENGINE_RESTART_MAX_DELAY_S)
+            restarts.append(now)
+            log.error(
+                "engine for %s exited (code %d); its worker is unhealthy; restarting it in %.0f s",
+                url,
+                exc.returncode,
+                delay,
+            )
+            await trio.sleep(delay)
 
 
 async def serve(
@@ -126,24 +176,14 @@ async def serve(
             def on_exit(exc: EngineExited, url: str = url) -> None:
                 manager.kill_worker_client(url, str(exc))
 
-            async def supervise(
-                launch: object = launch, url: str = url, on_exit: object = on_exit
-            ) -> None:
-                try:
-                    await run_engine_process(launch, name=url.rsplit("/", 1)[-1], on_exit=on_exit)  # type: ignore[arg-type]
-                except EngineExited:
-                    if url not in registered:
-                        raise
-                    log.error("engine for %s exited; its worker is unhealthy", url)
-
-            nursery.start_soon(supervise)
+            nursery.start_soon(_supervise_engine, launch, url, on_exit, registered)
             specs.append(
                 WorkerSpec(
                     url=url,
                     model_path=model_path,
                     model_id=config.served_model_name,
                     runtime_type=runtime,
-                    dp_size=launch.engine_count,  # type: ignore[attr-defined]
+                    dp_size=launch.engine_count,
                     reasoning_parser=config.reasoning_parser,
                 )
             )

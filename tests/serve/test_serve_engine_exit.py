@@ -1,4 +1,5 @@
-"""An engine that dies at runtime is detected from its process exit, within a second.
+"""An engine that dies at runtime is detected from its process exit, within a second, and
+serve relaunches it.
 
 serve launches the mock engine as a child process; the test SIGKILLs it while a streaming
 request is in flight. A SIGKILLed engine sends no ``ENGINE_CORE_DEAD`` sentinel and its PULL
@@ -11,15 +12,26 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 
 import pytest
 import trio
+import trio.testing
 
 from .conftest import descendants, random_worker_base_port, wait_all_gone
 
 httpx = pytest.importorskip("httpx")
 
-from smg_trio.serve import EngineLaunchConfig, GatewayConfig, ServeHandle, serve  # noqa: E402
+from smg_trio.serve import (  # noqa: E402
+    ENGINE_RESTART_LIMIT,
+    EngineLaunchConfig,
+    GatewayConfig,
+    ServeHandle,
+    _supervise_engine,
+    serve,
+)
+from smg_trio.serve.commands import EngineLaunch  # noqa: E402
+from smg_trio.serve.launcher import EngineExited  # noqa: E402
 from smg_trio.testing.tiny_model import default_tiny_model_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -28,6 +40,8 @@ pytestmark = pytest.mark.slow
 EXIT_DETECTION_S = 1.0
 #: Far beyond the test, so the silence watchdog cannot be what ends the stream.
 SILENCE_S = 600.0
+#: The first restart waits 1 s; the relaunched mock handshakes in well under a second more.
+RESTART_S = 20.0
 
 
 def _config(sock_dir: str) -> GatewayConfig:
@@ -85,10 +99,41 @@ async def test_engine_sigkill_fails_inflight_stream_from_process_exit(sock_dir: 
             # the in-flight registry returns to zero
             with trio.fail_after(5):
                 await handle.manager.wait_idle()
-            # serve itself lives on; with its only engine gone it is not ready
+            # serve lives on and relaunches the engine; its worker re-handshakes and serves
             async with httpx.AsyncClient(base_url=handle.base_url, timeout=10) as client:
                 assert (await client.get("/liveness")).status_code == 200
-                readiness = await client.get("/readiness")
-                assert readiness.status_code == 503, readiness.text
+                with trio.fail_after(RESTART_S):
+                    # polled over HTTP, as an orchestrator's readiness probe would
+                    while (await client.get("/readiness")).status_code != 200:  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                restarted = descendants(os.getpid())
+                assert restarted, "no engine was relaunched"
+                assert engine_pid not in restarted
+                reply = await client.post(
+                    "/v1/chat/completions",
+                    json={**body, "stream": False, "max_tokens": 4},
+                )
+                assert reply.status_code == 200, reply.text
             nursery.cancel_scope.cancel()
-        assert await wait_all_gone({engine_pid}) == set()
+        assert await wait_all_gone({engine_pid, *restarted}) == set()
+
+
+async def test_engine_restarts_are_bounded(autojump_clock: trio.testing.MockClock) -> None:
+    """An engine that keeps dying is relaunched ENGINE_RESTART_LIMIT times, then serve fails
+    (so a process supervisor sees it) instead of staying up with nothing to serve."""
+    url = "ipc:///tmp/smg-restart-test/engine-1"
+    launch = EngineLaunch(url, [sys.executable, "-c", "raise SystemExit(3)"], 1, {})
+    exits: list[EngineExited] = []
+    with pytest.raises(EngineExited) as info:
+        await _supervise_engine(launch, url, exits.append, {url})
+    assert info.value.returncode == 3
+    assert len(exits) == ENGINE_RESTART_LIMIT + 1
+
+
+async def test_engine_exit_before_registration_fails_at_once() -> None:
+    url = "ipc:///tmp/smg-restart-test/engine-2"
+    launch = EngineLaunch(url, [sys.executable, "-c", "raise SystemExit(4)"], 1, {})
+    exits: list[EngineExited] = []
+    with trio.fail_after(30), pytest.raises(EngineExited):
+        await _supervise_engine(launch, url, exits.append, set())
+    assert len(exits) == 1
