@@ -61,12 +61,18 @@ class Gateway:
         self._api_key = None if config.api_key is None else config.api_key.encode()
 
     def request_id(self, request: Request) -> str:
-        """The first configured request-id header present (printable, <= 256 chars), else a
-        fresh 32-hex-digit id."""
+        """The first configured request-id header present (printable ASCII without spaces,
+        <= 256 chars), else a fresh 32-hex-digit id."""
         headers = request.headers
         for name in self.config.request_id_headers:
             value = headers.get(name)
-            if value and len(value) <= _MAX_REQUEST_ID and value.isprintable():
+            if (
+                value
+                and len(value) <= _MAX_REQUEST_ID
+                and value.isascii()
+                and value.isprintable()
+                and " " not in value
+            ):
                 return str(value)
         return _random_id()
 

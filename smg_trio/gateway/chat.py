@@ -85,6 +85,39 @@ def _check_chat_fields(body: ChatCompletionRequest) -> None:
             param="prompt_logprobs",
             code="invalid_value",
         )
+    for i, tool in enumerate(body.tools or ()):
+        _check_tool(tool, f"tools[{i}]")
+
+
+def _check_tool(tool: dict[str, Any], param: str) -> None:
+    """A tool is ``{"type": "function", "function": {"name": str, ...}}`` (OpenAI's shape);
+    anything else would reach the chat template and render nonsense."""
+    if tool.get("type") != "function":
+        raise ValidationError(
+            f"tool type must be 'function', got {tool.get('type')!r}",
+            param=f"{param}.type",
+            code="invalid_value",
+        )
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise ValidationError(
+            "a function tool needs a 'function' object",
+            param=f"{param}.function",
+            code="invalid_type",
+        )
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        raise ValidationError(
+            "a function tool needs a non-empty string 'name'",
+            param=f"{param}.function.name",
+            code="invalid_type",
+        )
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise ValidationError(
+            "function parameters must be a JSON Schema object",
+            param=f"{param}.function.parameters",
+            code="invalid_type",
+        )
 
 
 def _usage(call: RequestCall, subs: Sequence[SubRequest]) -> Usage:

@@ -143,6 +143,11 @@ def _from_response_format(rf: dict[str, Any]) -> StructuredOutputs | None:
                 "response_format json_schema needs json_schema.schema",
                 "response_format.json_schema.schema",
             )
+        if not isinstance(spec["schema"], dict):
+            raise _bad(
+                "response_format json_schema.schema must be a JSON Schema object",
+                "response_format.json_schema.schema",
+            )
         return StructuredOutputs(json=spec["schema"])
     if kind == "structural_tag":
         return StructuredOutputs(structural_tag=json.dumps(rf))
@@ -236,6 +241,8 @@ def build_plan(
     tokenizer = served.tokenizer
     vocab = tokenizer.vocab_size
     _reject_unsupported(body)
+    if body.stream_options is not None and not body.stream:
+        raise _bad("stream_options can only be set when stream is true", "stream_options")
     n = 1 if body.n is None else body.n
     if n > config.max_n:
         raise _bad(f"n must be at most {config.max_n}, got {n}", "n")

@@ -204,8 +204,9 @@ async def test_b10_gateway_stop_aborts_the_engine(
     steps = steps_of(tok, "a", "\n", "\n") + [tok.encode("z")] * 2000
     with trio.fail_after(DEADLINE_S):
         async with harness(plan=lambda r: steps, step_s=0.002) as h:
-            body = chat_body(stop=["\n\n"], max_tokens=500, stream_options={"include_usage": True})
+            body = chat_body(stop=["\n\n"], max_tokens=500)
             if stream:
+                body["stream_options"] = {"include_usage": True}
                 _, events = await h.stream("/v1/chat/completions", body)
                 texts = assert_stream_shape(events, 1, usage=True)
                 assert texts[0] == "a"
