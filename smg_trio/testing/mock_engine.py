@@ -520,7 +520,7 @@ class MockEngine:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m smg_trio.testing.mock_engine",
+        prog="python -m smg_trio mock-engine",
         description="A mock vLLM/TokenSpeed engine rank that dials a gateway's handshake socket "
         "and serves until SIGINT/SIGTERM.",
     )
