@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -81,3 +82,51 @@ def fail_if(problems: Iterable[str]) -> None:
     found = [p for p in problems if p]
     if found:
         raise CaseFailed("; ".join(found))
+
+
+def describe_exception(exc: Exception) -> str:
+    """The default failure message for an unexpected exception in a case."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def execute(
+    case: Case, ctx: Any, describe: Callable[[Exception], str] = describe_exception
+) -> CaseResult:
+    """Run one case against ``ctx``; never raises (except KeyboardInterrupt and the like).
+    A :class:`CaseFailed` or any other exception is a FAIL (``describe`` words the latter),
+    :class:`CaseSkipped` a SKIP."""
+    started = time.monotonic()
+    try:
+        message = case.fn(ctx)
+        result = Result.PASS
+    except CaseFailed as exc:
+        result, message = Result.FAIL, str(exc)
+    except CaseSkipped as exc:
+        result, message = Result.SKIP, str(exc)
+    except Exception as exc:
+        result, message = Result.FAIL, describe(exc)
+    return CaseResult(
+        name=case.name,
+        behaviour=case.behaviour,
+        why=case.why,
+        result=result,
+        message=message,
+        duration_s=time.monotonic() - started,
+    )
+
+
+def execute_all(
+    ctx: Any,
+    cases: Iterable[Case],
+    *,
+    describe: Callable[[Exception], str] = describe_exception,
+    on_result: Callable[[CaseResult], None] | None = None,
+) -> list[CaseResult]:
+    """Run ``cases`` in order, reporting each result to ``on_result`` as it finishes."""
+    results: list[CaseResult] = []
+    for case in cases:
+        res = execute(case, ctx, describe)
+        results.append(res)
+        if on_result is not None:
+            on_result(res)
+    return results

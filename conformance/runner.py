@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Sequence
 
 import httpx
 
 from conformance import cases_errors, cases_http, cases_robust
-from conformance.case import Case, CaseFailed, CaseResult, CaseSkipped, Result
+from conformance.case import Case, CaseResult, execute, execute_all
 from conformance.client import Context
 
 __all__ = ["http_cases", "run_case", "run_cases", "select_cases"]
@@ -38,28 +37,15 @@ def _describe_http_error(exc: httpx.HTTPError) -> str:
     return f"HTTP error ({type(exc).__name__}): {exc}"
 
 
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, httpx.HTTPError):
+        return _describe_http_error(exc)
+    return f"runner error {type(exc).__name__}: {exc}"
+
+
 def run_case(ctx: Context, case: Case) -> CaseResult:
     """Run one case; never raises (except KeyboardInterrupt and the like)."""
-    started = time.monotonic()
-    try:
-        message = case.fn(ctx)
-        result = Result.PASS
-    except CaseFailed as exc:
-        result, message = Result.FAIL, str(exc)
-    except CaseSkipped as exc:
-        result, message = Result.SKIP, str(exc)
-    except httpx.HTTPError as exc:
-        result, message = Result.FAIL, _describe_http_error(exc)
-    except Exception as exc:
-        result, message = Result.FAIL, f"runner error {type(exc).__name__}: {exc}"
-    return CaseResult(
-        name=case.name,
-        behaviour=case.behaviour,
-        why=case.why,
-        result=result,
-        message=message,
-        duration_s=time.monotonic() - started,
-    )
+    return execute(case, ctx, _describe)
 
 
 def run_cases(
@@ -69,13 +55,7 @@ def run_cases(
     on_result: Callable[[CaseResult], None] | None = None,
 ) -> list[CaseResult]:
     """Run ``cases`` in order, reporting each result to ``on_result`` as it finishes."""
-    results: list[CaseResult] = []
     try:
-        for case in cases:
-            res = run_case(ctx, case)
-            results.append(res)
-            if on_result is not None:
-                on_result(res)
+        return execute_all(ctx, cases, describe=_describe, on_result=on_result)
     finally:
         ctx.close()
-    return results

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 
 from conformance import (
@@ -15,7 +14,7 @@ from conformance import (
     wire_cases_tokenspeed,
     wire_cases_vllm,
 )
-from conformance.case import Case, CaseFailed, CaseResult, CaseSkipped, Result
+from conformance.case import Case, CaseResult, Result, execute_all
 from conformance.report import (
     SUITE_WIRE,
     summary_line,
@@ -74,27 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_case(ctx: WireContext, case: Case) -> CaseResult:
-    started = time.monotonic()
-    try:
-        message = case.fn(ctx)
-        result = Result.PASS
-    except CaseFailed as exc:
-        result, message = Result.FAIL, str(exc)
-    except CaseSkipped as exc:
-        result, message = Result.SKIP, str(exc)
-    except Exception as exc:
-        result, message = Result.FAIL, f"{type(exc).__name__}: {exc}"
-    return CaseResult(
-        name=case.name,
-        behaviour=case.behaviour,
-        why=case.why,
-        result=result,
-        message=message,
-        duration_s=time.monotonic() - started,
-    )
-
-
 def run_wire_cases(
     ctx: WireContext,
     cases: Sequence[Case],
@@ -102,13 +80,7 @@ def run_wire_cases(
     on_result: Callable[[CaseResult], None] | None = None,
 ) -> list[CaseResult]:
     """Run ``cases`` in order; never raises for a failing case."""
-    results = []
-    for case in cases:
-        res = _run_case(ctx, case)
-        results.append(res)
-        if on_result is not None:
-            on_result(res)
-    return results
+    return execute_all(ctx, cases, on_result=on_result)
 
 
 def _list_cases() -> int:

@@ -7,6 +7,15 @@ from typing import Any
 import msgspec
 import pytest
 
+# the pinned vectors live with the wire conformance runner (one copy; see conformance/vectors.py)
+from conformance.vectors import (
+    PREFIX_VECTOR,
+    PYTHON_OUTPUT_VECTOR,
+    PYTHON_OUTPUT_VECTOR_PRE_DP,
+    PYTHON_OUTPUT_VECTOR_PRE_LOAD,
+    PYTHON_REQUEST_VECTOR,
+    SPEC_PREFIX_HEX_AS_PRINTED,
+)
 from smg_trio.codec import encoder
 from smg_trio.errors import DecodeError, UnsupportedField, ValidationError
 from smg_trio.protocol import GenerateRequest, SamplingOptions, StructuredOutputs
@@ -23,36 +32,6 @@ from smg_trio.protocol.tokenspeed import (
     decode_batch,
     decode_tagged,
 )
-
-PYTHON_REQUEST_VECTOR = bytes.fromhex(
-    "dc0018b9546f6b656e697a656447656e6572617465526571496e707574a57665632d31c0c0"
-    "93010203dc001d08c09102cb3fe0000000000000cb3feccccccccccccdce40000000cb0000"
-    "000000000000cb0000000000000000cb0000000000000000cb3ff000000000000000c0c0c0"
-    "c0c2c3c3c2c0c0c0c02ac0019000c3c3ff00c0c3c0c0c0c2cb0000000000000000c0c0c0c0"
-    "c0c0c0c0"
-)
-PYTHON_OUTPUT_VECTOR = bytes.fromhex(
-    "9eb34261746368546f6b656e49444f7574536c696d91a57665632d3191920a0b91a66c656e"
-    "6774689103910291019192cbbfe0000000000000cbbfd000000000000091920a0b01020564"
-    "cd0190"
-)
-PYTHON_OUTPUT_VECTOR_PRE_LOAD = bytes.fromhex(
-    "9ab34261746368546f6b656e49444f7574536c696d91a57665632d3191920a0b91a66c656e"
-    "6774689103910291019192cbbfe0000000000000cbbfd000000000000091920a0b01"
-)
-PYTHON_OUTPUT_VECTOR_PRE_DP = bytes.fromhex(
-    "99b34261746368546f6b656e49444f7574536c696d91a57665632d3191920a0b91a66c656e"
-    "6774689103910291019192cbbfe0000000000000cbbfd000000000000091920a0b"
-)
-# wire-spec section 5.6 prints the derived 11-element prefix vector as this hex, but it
-# stops 4 bytes short of the "129 bytes" it announces: the last four prefix fields
-# (logprob_start_len -1, top_logprobs_num 0, token_ids_logprob nil, stream true) are missing.
-SPEC_PREFIX_HEX_AS_PRINTED = (
-    "9bb9546f6b656e697a656447656e6572617465526571496e707574a57665632d31c0c093010203dc001d08c0"
-    "9102cb3fe0000000000000cb3feccccccccccccdce40000000cb0000000000000000cb0000000000000000cb"
-    "0000000000000000cb3ff000000000000000c0c0c0c0c2c3c3c2c0c0c0c02ac0019000c3c3"
-)
-PREFIX_VECTOR = bytes.fromhex(SPEC_PREFIX_HEX_AS_PRINTED + "ff00c0c3")
 
 PROTO = TokenSpeedProtocol()
 
