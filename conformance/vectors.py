@@ -121,6 +121,25 @@ SPEC_PREFIX_HEX_AS_PRINTED = (
 PREFIX_VECTOR = bytes.fromhex(SPEC_PREFIX_HEX_AS_PRINTED + "ff00c0c3")
 
 
+#: The BatchTokenIDOutSlim both reference round trips build (conformance/reference_roundtrip.py
+#: builds the same one with TokenSpeed's own struct, in the peers' interpreter).
+REFERENCE_BATCH_FIELDS: dict[str, object] = {
+    "rids": ["vec-1", "r2", "r3"],
+    "output_ids": [[10, 11], [12], []],
+    "finished_reasons": ["length", "", "abort"],
+    "prompt_tokens": [3, 4, 5],
+    "completion_tokens": [2, 1, 0],
+    "cached_tokens": [1, 0, 0],
+    "output_token_logprobs_val": [[-0.5, -0.25], [], []],
+    "output_token_logprobs_idx": [[10, 11], [], []],
+    "engine_index": 1,
+    "num_running": 2,
+    "num_waiting": 5,
+    "kv_active_pages": 100,
+    "kv_total_pages": 400,
+}
+
+
 @cache
 def vllm_session() -> tuple[tuple[str, tuple[bytes, ...]], ...]:
     """The captured vLLM 0.32.0 session as ``(kind, frames)`` records, in capture order."""

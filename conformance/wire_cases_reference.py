@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.case import Case, fail_if, register
+from conformance.vectors import REFERENCE_BATCH_FIELDS
 from conformance.wire_context import WireContext
 from smg_trio.codec import encoder
 from smg_trio.protocol.tokenspeed import TOP_K_DISABLED, BatchTokenIDOutSlim
@@ -197,21 +198,7 @@ def reference_tokenspeed_output_both_ways(ctx: WireContext) -> str:
     """Outputs both ways, byte for byte."""
     r = ctx.reference("tokenspeed")
     case = r["tokenspeed_output_to_ours"]
-    ours = BatchTokenIDOutSlim(
-        rids=["vec-1", "r2", "r3"],
-        output_ids=[[10, 11], [12], []],
-        finished_reasons=["length", "", "abort"],
-        prompt_tokens=[3, 4, 5],
-        completion_tokens=[2, 1, 0],
-        cached_tokens=[1, 0, 0],
-        output_token_logprobs_val=[[-0.5, -0.25], [], []],
-        output_token_logprobs_idx=[[10, 11], [], []],
-        engine_index=1,
-        num_running=2,
-        num_waiting=5,
-        kv_active_pages=100,
-        kv_total_pages=400,
-    )
+    ours = BatchTokenIDOutSlim(**REFERENCE_BATCH_FIELDS)  # type: ignore[arg-type]
     b = case["decoded"]
     back = r["ours_output_to_tokenspeed"]
     fail_if(

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from conformance import reference_roundtrip
+from conformance.vectors import REFERENCE_BATCH_FIELDS
 from conformance.wire_context import REFERENCE_TIMEOUT_S
 from smg_trio.codec import encoder
 from smg_trio.protocol.tokenspeed import TOP_K_DISABLED, BatchTokenIDOutSlim
@@ -365,21 +366,7 @@ def test_tokenspeed_output_decodes_with_ours(tokenspeed_result: dict[str, Any]) 
 
 
 def test_tokenspeed_output_bytes_equal_our_encoding(tokenspeed_result: dict[str, Any]) -> None:
-    ours = BatchTokenIDOutSlim(
-        rids=["vec-1", "r2", "r3"],
-        output_ids=[[10, 11], [12], []],
-        finished_reasons=["length", "", "abort"],
-        prompt_tokens=[3, 4, 5],
-        completion_tokens=[2, 1, 0],
-        cached_tokens=[1, 0, 0],
-        output_token_logprobs_val=[[-0.5, -0.25], [], []],
-        output_token_logprobs_idx=[[10, 11], [], []],
-        engine_index=1,
-        num_running=2,
-        num_waiting=5,
-        kv_active_pages=100,
-        kv_total_pages=400,
-    )
+    ours = BatchTokenIDOutSlim(**REFERENCE_BATCH_FIELDS)  # type: ignore[arg-type]
     assert encoder.encode(ours).hex() == tokenspeed_result["tokenspeed_output_to_ours"]["hex"]
 
 
