@@ -140,7 +140,8 @@ class RequestCall:
         self._lease_cm: AbstractContextManager[WorkerLease] | None = None
         self._closed = False
         gw.metrics.in_flight.inc()
-        log.debug("%s %s started (Content-Type %r)", rid, endpoint, request.content_type)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s started (Content-Type %r)", rid, endpoint, request.content_type)
 
     # -- steps ---------------------------------------------------------------------------
 
