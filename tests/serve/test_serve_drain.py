@@ -5,6 +5,7 @@ skips the rest of the drain instead of killing the process."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -98,7 +99,9 @@ async def test_grace_period_expiry_ends_requests_with_draining_errors(
         assert error["code"] == "draining", error
         assert statuses == [503], bodies
         assert bodies[0]["error"]["code"] == "draining"  # type: ignore[index]
-        assert "ended 2 request(s) in flight" in log
+        # the stream for sure (it was mid-generation); the plain request too unless SIGTERM
+        # beat it to the gateway, where it was refused with the same 503 draining
+        assert re.search(r"ended [12] request\(s\) in flight", log), log[-3000:]
         assert await wait_all_gone(children) == set()
     finally:
         if proc.returncode is None:
