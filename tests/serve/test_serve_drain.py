@@ -5,8 +5,8 @@ skips the rest of the drain instead of killing the process."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
