@@ -103,20 +103,41 @@ def _launch_plan(config: GatewayConfig) -> list[tuple[str, EngineLaunch]]:
     return [(launch.worker_url, launch) for launch in launches]
 
 
+@attrs.define
+class _EngineRun:
+    """The engine process of one launched worker, as its supervisor and watcher share it."""
+
+    scope: trio.CancelScope | None = None  # the current run; cancelling it stops the engine
+    alive: bool = False  # the process is running (not yet reaped)
+
+
 async def _supervise_engine(
     launch: EngineLaunch,
     url: str,
     on_exit: Callable[[EngineExited], None],
     registered: set[str],
+    run: _EngineRun | None = None,
 ) -> None:
     """Run one launched engine; restart it when it exits after its worker registered (with
     backoff, at most :data:`ENGINE_RESTART_LIMIT` times per window). An exit before
-    registration, or one restart too many, raises :class:`EngineExited` and fails serve."""
+    registration, or one restart too many, raises :class:`EngineExited` and fails serve.
+    Cancelling ``run.scope`` (see :func:`_stop_unresponsive_engine`) stops the engine's
+    process group, which counts as an exit."""
     name = url.rsplit("/", 1)[-1]
+    run = run or _EngineRun()
     restarts: list[float] = []
+
+    def exited(exc: EngineExited) -> None:
+        run.alive = False
+        on_exit(exc)
+
     while True:
         try:
-            await run_engine_process(launch, name=name, on_exit=on_exit)
+            with trio.CancelScope() as scope:
+                run.scope, run.alive = scope, True
+                await run_engine_process(launch, name=name, on_exit=exited)
+            run.alive = False
+            raise EngineExited(name, -1, ["stopped by smg_trio: its engine client died"])
         except EngineExited as exc:
             if url not in registered:
                 raise
@@ -139,6 +160,26 @@ async def _supervise_engine(
                 delay,
             )
             await trio.sleep(delay)
+
+
+async def _stop_unresponsive_engine(worker: WorkerState, run: _EngineRun) -> None:
+    """Stop a launched engine whose client died while its process still runs (silence
+    timeout, dead sentinel, a stuck send), so that its supervisor relaunches it: a stalled
+    engine never dials in again by itself."""
+    while True:
+        changed = worker.client_changed
+        client = worker.engine_client
+        if client is not None:
+            engine_run = run.scope  # the process this client talks to
+            await client.dead_event.wait()
+            if run.alive and run.scope is engine_run and engine_run is not None:
+                log.error(
+                    "engine for %s is unresponsive (%s); stopping it to relaunch it",
+                    worker.spec.url,
+                    client.dead_reason,
+                )
+                engine_run.cancel()
+        await changed.wait()
 
 
 async def serve(
@@ -164,6 +205,7 @@ async def serve(
             silence_timeout_s=config.engine_silence_timeout_s,
         )
         registered: set[str] = set()
+        runs: dict[str, _EngineRun] = {}
         specs: list[WorkerSpec] = []
         runtime = (
             "vllm"
@@ -176,7 +218,8 @@ async def serve(
             def on_exit(exc: EngineExited, url: str = url) -> None:
                 manager.kill_worker_client(url, str(exc))
 
-            nursery.start_soon(_supervise_engine, launch, url, on_exit, registered)
+            runs[url] = _EngineRun()
+            nursery.start_soon(_supervise_engine, launch, url, on_exit, registered, runs[url])
             specs.append(
                 WorkerSpec(
                     url=url,
@@ -218,8 +261,11 @@ async def serve(
         workers = []
         for spec in specs:
             log.info("registering worker %s", spec.url)
-            workers.append(await manager.register(spec))
+            worker = await manager.register(spec)
+            workers.append(worker)
             registered.add(spec.url)
+            if spec.url in runs:
+                nursery.start_soon(_stop_unresponsive_engine, worker, runs[spec.url])
         task_status.started(ServeHandle(host, port, manager, tuple(workers)))
         log.info("smg_trio ready: %d worker(s)", len(workers))
 

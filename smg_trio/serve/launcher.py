@@ -46,8 +46,10 @@ def _killpg(pid: int, sig: int) -> None:
 
 
 async def _stop_group(proc: trio.Process) -> None:
-    """``deliver_cancel`` for ``run_process``: SIGTERM the process group, then SIGKILL it."""
+    """``deliver_cancel`` for ``run_process``: SIGTERM the process group, then SIGKILL it.
+    SIGCONT follows SIGTERM so that a stopped (SIGSTOPped, stalled) engine acts on it."""
     _killpg(proc.pid, signal.SIGTERM)
+    _killpg(proc.pid, signal.SIGCONT)
     with trio.move_on_after(ENGINE_STOP_GRACE_S):
         await proc.wait()
     _killpg(proc.pid, signal.SIGKILL)

@@ -81,7 +81,16 @@ class WorkerState(Worker):
     registration_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     idle: trio.Event = attrs.field(factory=trio.Event)
     connected: trio.Event = attrs.field(factory=trio.Event)
+    #: Set (then replaced by a fresh event) whenever ``client`` is assigned or cleared; grab it
+    #: before reading ``client`` to wait for the next change without missing one.
+    client_changed: trio.Event = attrs.field(factory=trio.Event)
     last_error: str | None = None
+
+    def set_client(self, client: EngineClient | None) -> None:
+        """Swap the live engine client (or clear it) and wake ``client_changed`` waiters."""
+        self.client = client
+        changed, self.client_changed = self.client_changed, trio.Event()
+        changed.set()
 
     @property
     def engine_client(self) -> EngineClient | None:
@@ -436,7 +445,7 @@ class WorkerManager:
                         ready_timeout_s=self.ready_timeout_s,
                         silence_timeout_s=self.silence_timeout_s,
                     ) as client:
-                        worker.client = client
+                        worker.set_client(client)
                         worker.last_error = None
                         # A fresh handshake proves the engine healthy: failures of the dead
                         # engine's requests must not keep the restarted one out for 60 s.
@@ -453,7 +462,7 @@ class WorkerManager:
                     if not worker.connected.is_set():
                         worker.connected.set()  # registration sees client None and fails
                         return
-                worker.client = None
+                worker.set_client(None)
                 if worker.status == "ready":
                     worker.status = "unhealthy"
                 await trio.sleep(REBIND_BACKOFF_S)

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -40,6 +41,8 @@ pytestmark = pytest.mark.slow
 EXIT_DETECTION_S = 1.0
 #: Far beyond the test, so the silence watchdog cannot be what ends the stream.
 SILENCE_S = 600.0
+#: The silence window for the stall test: short, so the watchdog trips quickly.
+STALL_SILENCE_S = 1.0
 #: The first restart waits 1 s; the relaunched mock handshakes in well under a second more.
 RESTART_S = 20.0
 
@@ -137,3 +140,36 @@ async def test_engine_exit_before_registration_fails_at_once() -> None:
     with trio.fail_after(30), pytest.raises(EngineExited):
         await _supervise_engine(launch, url, exits.append, set())
     assert len(exits) == 1
+
+
+async def test_stalled_engine_is_stopped_and_relaunched(sock_dir: str) -> None:
+    """An engine that is alive but silent (SIGSTOP) trips the silence watchdog; serve then
+    stops its process group (SIGTERM + SIGCONT) and relaunches it, and the worker serves
+    again, instead of waiting forever for a handshake a stalled engine never sends."""
+    config = attrs.evolve(_config(sock_dir), engine_silence_timeout_s=STALL_SILENCE_S)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            handle: ServeHandle = await nursery.start(serve, config)
+            (engine_pid,) = descendants(os.getpid())
+            body = {
+                "model": "mock-tiny",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 1000,
+                "ignore_eos": True,
+            }
+            async with httpx.AsyncClient(base_url=handle.base_url, timeout=30) as client:
+                os.kill(engine_pid, signal.SIGSTOP)  # alive, but it never answers
+                reply = await client.post("/v1/chat/completions", json=body)
+                assert reply.status_code == 503, reply.text
+                assert "no engine output" in reply.json()["error"]["message"]
+                with trio.fail_after(RESTART_S):
+                    # polled over HTTP, as an orchestrator's readiness probe would
+                    while (await client.get("/readiness")).status_code != 200:  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                relaunched = descendants(os.getpid())
+                assert relaunched
+                assert engine_pid not in relaunched
+                ok = await client.post("/v1/chat/completions", json={**body, "max_tokens": 4})
+                assert ok.status_code == 200, ok.text
+            nursery.cancel_scope.cancel()
+        assert await wait_all_gone({engine_pid, *relaunched}) == set()
