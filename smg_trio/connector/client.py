@@ -84,6 +84,10 @@ class EngineClient:
         self._send_lock = trio.StrictFIFOLock()
         self._silence_timeout_s = silence_timeout_s
         self._recv_scope: trio.CancelScope | None = None
+        self._watchdog_scope = trio.CancelScope()  # cancelled by _die: a dead client is not timed
+        #: When the silence window last restarted: the last engine output, or the submit that
+        #: made an idle client busy (idle silence is never timed).
+        self._last_output = trio.current_time()
         self._dead: EngineDeadError | None = None
         self._closed = False
         self.dead_event = trio.Event()
@@ -160,7 +164,7 @@ class EngineClient:
         self._registry[rid] = entry
         self._aborted.pop(rid, None)
         if len(self._registry) == 1:
-            self._arm_watchdog()
+            self._last_output = trio.current_time()
         try:
             await self._send(entry.identity, frames)
             entry.sent = True
@@ -218,11 +222,6 @@ class EngineClient:
             self._aborted[entry.request_id] = entry.identity
             if len(self._aborted) > _ABORTED_MEMORY:
                 self._aborted.popitem(last=False)
-
-    def _arm_watchdog(self) -> None:
-        scope = self._recv_scope
-        if scope is not None and math.isfinite(self._silence_timeout_s):
-            scope.deadline = trio.current_time() + self._silence_timeout_s
 
     async def _send(self, identity: bytes, frames: list[bytes]) -> None:
         msg = [identity, *frames]
@@ -290,6 +289,7 @@ class EngineClient:
         self.dead_event.set()
         if self._recv_scope is not None:
             self._recv_scope.cancel()
+        self._watchdog_scope.cancel()
 
     def _dispatch(self, batch: EngineBatch) -> None:
         router = self._router
@@ -328,51 +328,67 @@ class EngineClient:
             for identity, rid in reabort:
                 self._nursery.start_soon(self._send_abort, identity, rid)
 
+    async def _silence_watchdog(self) -> None:
+        """Fail the in-flight requests when the engine has sent nothing for the silence window
+        while requests are pending; idle silence is fine. One timer per window, not a deadline
+        update per message: the output loop only records the time of each output."""
+        timeout = self._silence_timeout_s
+        if not math.isfinite(timeout):
+            return
+        with self._watchdog_scope:
+            await self._watch_silence(timeout)
+
+    async def _watch_silence(self, timeout: float) -> None:
+        while self._dead is None and not self._closed:
+            deadline = self._last_output + timeout
+            if trio.current_time() < deadline:
+                await trio.sleep_until(deadline)
+                continue
+            if not self._registry:
+                self._last_output = trio.current_time()  # idle: restart the window
+                continue
+            # The engine may be stalled rather than gone: ask it to drop the requests (best
+            # effort, never blocking) before they are failed here.
+            self._abort_all_nowait()
+            self._die(
+                EngineDeadError(
+                    f"no engine output for {timeout:g} s with "
+                    f"{len(self._registry)} request(s) in flight"
+                )
+            )
+            return
+
     async def _output_loop(self) -> None:
         sock = self._sockets.output
         decode = self.protocol.decode_batch
         errors = 0
-        while self._dead is None:
-            with trio.CancelScope() as scope:
-                self._recv_scope = scope
-                if self._registry:
-                    self._arm_watchdog()
+        with trio.CancelScope() as scope:
+            self._recv_scope = scope  # cancelled by _die
+            while self._dead is None:
                 try:
                     frames = await sock.recv_multipart()
                 except (zmq.ZMQError, trio.ClosedResourceError) as exc:
                     if not self._closed:
                         self._die(EngineDeadError(f"engine output socket failed: {exc}"))
                     return
-            self._recv_scope = None
-            if scope.cancelled_caught:
-                if self._dead is not None or self._closed:
+                self._last_output = trio.current_time()
+                if len(frames) == 1 and frames[0] == ENGINE_CORE_DEAD:
+                    self._die(EngineDeadError("engine core dead (ENGINE_CORE_DEAD sentinel)"))
                     return
-                if self._registry:
-                    # The engine may be stalled rather than gone: ask it to drop the requests
-                    # (best effort, never blocking) before they are failed here.
-                    self._abort_all_nowait()
-                    self._die(
-                        EngineDeadError(
-                            f"no engine output for {self._silence_timeout_s:g} s with "
-                            f"{len(self._registry)} request(s) in flight"
+                try:
+                    batch = decode(frames)
+                except DecodeError as exc:
+                    errors += 1
+                    log.warning("dropping undecodable engine output (%d in a row): %s", errors, exc)
+                    if errors >= MAX_CONSECUTIVE_DECODE_ERRORS:
+                        self._die(
+                            EngineDeadError(f"{errors} consecutive undecodable outputs: {exc}")
                         )
-                    )
-                    return
-                continue
-            if len(frames) == 1 and frames[0] == ENGINE_CORE_DEAD:
-                self._die(EngineDeadError("engine core dead (ENGINE_CORE_DEAD sentinel)"))
-                return
-            try:
-                batch = decode(frames)
-            except DecodeError as exc:
-                errors += 1
-                log.warning("dropping undecodable engine output (%d in a row): %s", errors, exc)
-                if errors >= MAX_CONSECUTIVE_DECODE_ERRORS:
-                    self._die(EngineDeadError(f"{errors} consecutive undecodable outputs: {exc}"))
-                    return
-                continue
-            errors = 0
-            self._dispatch(batch)
+                        return
+                    continue
+                errors = 0
+                self._dispatch(batch)
+        self._recv_scope = None
 
     def _close(self) -> None:
         self._closed = True
@@ -432,6 +448,7 @@ async def open_engine_client(
         async with trio.open_nursery() as nursery:
             client._nursery = nursery
             nursery.start_soon(client._output_loop)
+            nursery.start_soon(client._silence_watchdog)
             try:
                 yield client
             finally:
