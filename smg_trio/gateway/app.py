@@ -14,6 +14,7 @@ from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
+from smg_trio.gateway import hypercorn_close
 from smg_trio.gateway.asgi_shield import ShieldedFinish
 from smg_trio.gateway.backend import GatewayBackend
 from smg_trio.gateway.call import JSON_TYPE, Gateway, RequestCall, json_response
@@ -169,14 +170,30 @@ async def serve_http(
     ``shutdown_trigger()`` returns; then in-flight requests get ``graceful_timeout_s`` seconds
     to finish. Hypercorn logs through the ``hypercorn.error`` logger; no access log.
     """
+    hypercorn_close.install()
     cfg = HyperConfig()
     cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     cfg.graceful_timeout = graceful_timeout_s
-    await hypercorn_serve(
-        ShieldedFinish(app),  # type: ignore[arg-type]
-        cfg,
-        shutdown_trigger=shutdown_trigger,
-        task_status=task_status,
-    )
+    async with trio.open_nursery() as nursery:
+
+        async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
+            await hypercorn_serve(
+                ShieldedFinish(app),  # type: ignore[arg-type]
+                cfg,
+                shutdown_trigger=shutdown_trigger,
+                task_status=task_status,
+            )
+            nursery.cancel_scope.cancel()  # it ended by itself (shutdown_trigger)
+
+        binds: list[str] = await nursery.start(run_server)
+        task_status.started(binds)
+        try:
+            await trio.sleep_forever()
+        finally:
+            # Stopping: a write blocked on a client that stopped reading would hold its
+            # connection, and so the server, open for as long as that client stays connected.
+            stuck = hypercorn_close.close_blocked_writes()
+            if stuck:
+                log.warning("closed %d connection(s) whose client stopped reading", stuck)

@@ -112,3 +112,33 @@ async def test_early_rejection_then_late_body_never_hangs(
                 # 3. answered on this connection, or the connection is closed; never silence
                 second = await reader.status()
             assert second in (200, None), second
+
+
+CRASHERS = [
+    # an early 415 with Connection: close, then bytes after the body (a malformed follow-up):
+    # hypercorn's own 400 for them raced the app's closing write and took the server down
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    b"Content-Type: text/plain\r\nContent-Length: 3\r\n\r\nabcGET / HTTP/1.1\r\n\r\n",
+    b"POST /v1/completions HTTP/1.0\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\n"
+    b"abcGET / HTTP/1.1\r\n\r\n",
+]
+
+
+async def test_rejection_racing_a_protocol_error_never_takes_the_server_down(
+    harness: HarnessFactory,
+) -> None:
+    async with harness() as h:
+        url = httpx.URL(h.base_url)
+        assert url.host is not None
+        assert url.port is not None
+        with trio.fail_after(60):
+            for i in range(40):
+                stream = await trio.open_tcp_stream(url.host, url.port)
+                async with stream:
+                    await stream.send_all(CRASHERS[i % 2])
+                    with trio.move_on_after(2):
+                        while await stream.receive_some(65536):
+                            pass
+                await trio.testing.wait_all_tasks_blocked()
+            resp = await h.http.get("/v1/models")
+        assert resp.status_code == 200

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -146,6 +147,43 @@ async def test_second_signal_skips_the_drain_and_exits_zero(sock_dir: str, tmp_p
         assert "stopping now" in log
         assert await wait_all_gone(children) == set()
     finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_client_that_stops_reading_does_not_hold_shutdown(
+    sock_dir: str, tmp_path: Path
+) -> None:
+    """A streaming client that never reads fills the socket buffers, leaving a write blocked;
+    shutdown must still finish (grace, then DRAIN_FLUSH_S, then the blocked write's socket is
+    closed) instead of waiting for that client to go away."""
+    proc, base = await _start(sock_dir, tmp_path, GRACE_S)
+    children = descendants(proc.pid)
+    url = httpx.URL(base)
+    assert url.host is not None
+    assert url.port is not None
+    sock = trio.socket.socket()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        await sock.connect((url.host, url.port))
+        payload = json.dumps({**_body(True), "max_tokens": 4000, "n": 4}).encode()
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode()
+        await sock.send(head + payload)
+        # never read: wait until the gateway is mid-generation for it, then stop the gateway
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            while "smg_router_requests_in_flight 1.0" not in (await client.get("/metrics")).text:
+                pass
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(GRACE_S + 30):
+            code = await proc.wait()
+        assert code == 0, (tmp_path / "serve.stderr").read_text(errors="replace")[-3000:]
+        assert await wait_all_gone(children) == set()
+    finally:
+        sock.close()
         if proc.returncode is None:
             proc.kill()
             await proc.wait()

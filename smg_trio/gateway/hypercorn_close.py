@@ -1,0 +1,92 @@
+"""A fix for hypercorn 0.18's trio connection close: take the send lock, never wait forever.
+
+``hypercorn/trio/tcp_server.py`` (``TCPServer``) writes every chunk under ``send_lock``, in a
+shielded scope, but closes the connection (``_close``: ``send_eof`` then ``aclose``) without
+the lock. Two failures follow, both reproduced against smg_trio:
+
+* A close racing a write. When the app's last response message closes the connection while
+  the connection's reader is writing hypercorn's own 400 for a malformed follow-up request,
+  trio's ``SocketStream`` raises ``BusyResourceError`` in the reader. Nothing catches it, and
+  it takes the whole server down (one unauthenticated client could do this).
+* A write that never ends. A client that stops reading leaves a shielded ``send_all`` blocked
+  for as long as it stays connected, so shutdown never finishes.
+
+The replacement ``_close`` waits for the send lock for at most :data:`CLOSE_LOCK_WAIT_S`,
+shielded from cancellation (a close must happen). If a write still holds the lock then, that
+write is stuck on a client that is not reading: the socket is closed under it, which makes the
+write fail with ``ClosedResourceError``, a case hypercorn already handles. A stuck write also
+keeps its connection's task group (and so the server) from ever finishing a cancellation;
+:func:`close_blocked_writes` closes those sockets when the server is being stopped. Installed
+once, by :func:`install`, from :func:`smg_trio.gateway.app.serve_http`.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import trio
+from hypercorn.trio.tcp_server import TCPServer
+
+__all__ = ["CLOSE_LOCK_WAIT_S", "close_blocked_writes", "install"]
+
+log = logging.getLogger(__name__)
+
+#: How long closing a connection waits for an in-progress write. A write to a client that is
+#: reading finishes in microseconds; one that is still blocked after this is stuck.
+CLOSE_LOCK_WAIT_S: Final = 1.0
+
+_MARK = "_smg_trio_close_under_send_lock"
+#: The connections being served (TCPServer instances), for close_blocked_writes.
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def close_blocked_writes() -> int:
+    """Close the socket of every connection whose write is in progress (its send lock is
+    held); the write then fails with ``ClosedResourceError`` and the connection unwinds.
+    Called when the server is stopping. Returns how many connections were closed."""
+    closed = 0
+    for server in list(_LIVE):
+        lock = getattr(server, "send_lock", None)
+        sock = getattr(getattr(server, "stream", None), "socket", None)
+        if isinstance(lock, trio.Lock) and lock.locked() and sock is not None:
+            sock.close()  # notify_closing wakes the blocked sender
+            closed += 1
+    return closed
+
+
+def install() -> None:
+    """Replace ``TCPServer._close`` once per process (idempotent). Logs and does nothing if
+    this hypercorn no longer has the attributes the fix relies on."""
+    original: Callable[[Any], Awaitable[None]] | None = getattr(TCPServer, "_close", None)
+    if original is None or getattr(original, _MARK, False):
+        return
+
+    async def _close(self: Any) -> None:
+        lock = getattr(self, "send_lock", None)
+        if not isinstance(lock, trio.Lock):
+            await original(self)
+            return
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(CLOSE_LOCK_WAIT_S):
+                async with lock:
+                    await original(self)
+                    return
+            # a write holds the lock, blocked on a client that stopped reading
+            await self.stream.aclose()
+
+    original_run: Callable[[Any], Awaitable[None]] = TCPServer.run
+
+    async def run(self: Any) -> None:
+        _LIVE.add(self)
+        try:
+            await original_run(self)
+        finally:
+            _LIVE.discard(self)
+
+    setattr(_close, _MARK, True)
+    TCPServer._close = _close  # type: ignore[method-assign]
+    TCPServer.run = run  # type: ignore[method-assign]
+    log.debug("hypercorn TCPServer._close now takes the send lock")
