@@ -291,6 +291,11 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "shutdown_grace_period_s": args.shutdown_grace_period_secs,
     }
     if args.command == "serve":
+        if args.worker_base_port + args.dp_size - 1 > 65535:
+            raise SystemExit(
+                f"smg_trio: error: --worker-base-port {args.worker_base_port} with --dp-size "
+                f"{args.dp_size} runs past port 65535"
+            )
         backend = args.backend or _default_backend()
         model = args.model
         extra = list(engine_args)

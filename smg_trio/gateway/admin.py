@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from quart import Blueprint, Response, request
 
 from smg_trio.errors import ValidationError
+from smg_trio.gateway.call import bearer_matches
 from smg_trio.gateway.errors import ApiError
 from smg_trio.worker.manager import WorkerManager, WorkerSpec
 
@@ -54,14 +54,13 @@ def admin_blueprint(manager: WorkerManager, *, admin_api_key: str | None) -> Blu
     """The admin routes over ``manager``. With ``admin_api_key`` every route requires
     ``Authorization: Bearer <key>`` (401 otherwise)."""
     bp = Blueprint("smg_admin", __name__)
-    expected = f"Bearer {admin_api_key}".encode() if admin_api_key is not None else None
+    expected = admin_api_key.encode() if admin_api_key is not None else None
 
     @bp.before_request
     async def _auth() -> Response | None:
         if expected is None:
             return None
-        got = request.headers.get("Authorization", "").encode()
-        if hmac.compare_digest(got, expected):
+        if bearer_matches(request.headers.get("Authorization", ""), expected):
             return None
         resp = _error(ApiError(401, "invalid or missing admin API key", code="invalid_api_key"))
         resp.headers["WWW-Authenticate"] = "Bearer"

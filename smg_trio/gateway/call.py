@@ -24,7 +24,14 @@ from smg_trio.gateway.fanout import SubRequest
 from smg_trio.gateway.metrics import GatewayMetrics
 from smg_trio.gateway.schemas import decode_body
 
-__all__ = ["JSON_TYPE", "SSE_HEADERS", "Gateway", "RequestCall", "json_response"]
+__all__ = [
+    "JSON_TYPE",
+    "SSE_HEADERS",
+    "Gateway",
+    "RequestCall",
+    "bearer_matches",
+    "json_response",
+]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +48,13 @@ def json_response(status: int, body: bytes, request_id: str | None = None) -> Re
     if request_id is not None:
         resp.headers["x-request-id"] = request_id
     return resp
+
+
+def bearer_matches(authorization: str, key: bytes) -> bool:
+    """Whether an ``Authorization`` header carries ``Bearer <key>`` (scheme case-insensitive,
+    as RFC 7235 says; compared in constant time)."""
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key)
 
 
 def _random_id() -> str:
@@ -80,11 +94,7 @@ class Gateway:
         """401 unless the bearer token matches the configured API key (if any)."""
         if self._api_key is None:
             return
-        auth = request.headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), self._api_key
-        ):
+        if not bearer_matches(request.headers.get("authorization", ""), self._api_key):
             raise ApiError(
                 401,
                 "Incorrect API key provided.",

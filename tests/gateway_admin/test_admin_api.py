@@ -219,6 +219,10 @@ async def test_admin_key_required(ns: IpcNamespace, model_dir: Path) -> None:
                         assert err["type"] == "authentication_error"
             assert len(manager.registry) == 0
             assert (await http.get("/workers")).status_code == 200
+            # the auth scheme is case-insensitive (RFC 7235), as on the inference endpoints
+            for header in (f"bearer {KEY}", f"BEARER  {KEY}"):
+                resp = await http.get("/workers", headers={"Authorization": header})
+                assert resp.status_code == 200, header
 
 
 async def test_no_admin_key_configured_is_open() -> None:
