@@ -121,6 +121,22 @@ SPEC_PREFIX_HEX_AS_PRINTED = (
 PREFIX_VECTOR = bytes.fromhex(SPEC_PREFIX_HEX_AS_PRINTED + "ff00c0c3")
 
 
+#: The fields of PYTHON_OUTPUT_VECTOR, the 14-element batch (wire-spec 5.6).
+VEC1_OUTPUT_FIELDS: dict[str, object] = {
+    "rids": ["vec-1"],
+    "output_ids": [[10, 11]],
+    "finished_reasons": ["length"],
+    "prompt_tokens": [3],
+    "completion_tokens": [2],
+    "cached_tokens": [1],
+    "output_token_logprobs_val": [[-0.5, -0.25]],
+    "output_token_logprobs_idx": [[10, 11]],
+    "engine_index": 1,
+    "num_running": 2,
+    "num_waiting": 5,
+    "kv_active_pages": 100,
+    "kv_total_pages": 400,
+}
 #: The BatchTokenIDOutSlim both reference round trips build (conformance/reference_roundtrip.py
 #: builds the same one with TokenSpeed's own struct, in the peers' interpreter).
 REFERENCE_BATCH_FIELDS: dict[str, object] = {

@@ -9,6 +9,7 @@ import msgspec
 
 from conformance import vectors as V
 from conformance.case import Case, CaseFailed, fail_if, register
+from conformance.vectors import VEC1_OUTPUT_FIELDS
 from conformance.wire_context import WireContext
 from smg_trio.codec import encoder
 from smg_trio.errors import DecodeError
@@ -44,21 +45,7 @@ def _raises(what: str, match: str, fn: Any, *args: Any) -> str:
 
 
 def _vec1_output() -> BatchTokenIDOutSlim:
-    return BatchTokenIDOutSlim(
-        rids=["vec-1"],
-        output_ids=[[10, 11]],
-        finished_reasons=["length"],
-        prompt_tokens=[3],
-        completion_tokens=[2],
-        cached_tokens=[1],
-        output_token_logprobs_val=[[-0.5, -0.25]],
-        output_token_logprobs_idx=[[10, 11]],
-        engine_index=1,
-        num_running=2,
-        num_waiting=5,
-        kv_active_pages=100,
-        kv_total_pages=400,
-    )
+    return BatchTokenIDOutSlim(**VEC1_OUTPUT_FIELDS)  # type: ignore[arg-type]
 
 
 @register(

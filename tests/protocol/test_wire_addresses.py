@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.vectors import DERIVED_PORTS
 from smg_trio.errors import WorkerAddressError
 from smg_trio.protocol.addresses import (
     HANDSHAKE_PORT_BASE,
@@ -23,16 +24,9 @@ PINNED = [
     ("ts0.ipc", 23912),
 ]
 
-# Derived in the spec from the same algorithm (not pinned upstream).
-DERIVED = [
-    ("", 26037),
-    ("a", 21996),
-    ("/x/y/z.ipc", 25483),
-    ("very/long/path/with/segments.sock", 24856),
-    ("ipc:///tmp/smg-zmq-0/engine-31000", 27937),
-    ("ipc:///tmp/smg-zmq-1000/engine-31000", 24640),
-    ("ipc:///tmp/smg-zmq-1000/engine-31001", 22851),
-]
+# Derived in the spec from the same algorithm (not pinned upstream); one copy, shared with the
+# wire conformance runner.
+DERIVED = list(DERIVED_PORTS)
 
 
 def reference_fnv1a_64(data: bytes) -> int:

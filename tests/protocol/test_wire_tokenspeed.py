@@ -15,6 +15,7 @@ from conformance.vectors import (
     PYTHON_OUTPUT_VECTOR_PRE_LOAD,
     PYTHON_REQUEST_VECTOR,
     SPEC_PREFIX_HEX_AS_PRINTED,
+    VEC1_OUTPUT_FIELDS,
 )
 from smg_trio.codec import encoder
 from smg_trio.errors import DecodeError, UnsupportedField, ValidationError
@@ -205,21 +206,7 @@ def test_python_output_vector_decodes() -> None:
 def test_batch_output_re_encodes_byte_for_byte() -> None:
     b = decode_tagged(PYTHON_OUTPUT_VECTOR, BatchTokenIDOutSlim)
     assert encoder.encode(b) == PYTHON_OUTPUT_VECTOR
-    built = BatchTokenIDOutSlim(
-        rids=["vec-1"],
-        output_ids=[[10, 11]],
-        finished_reasons=["length"],
-        prompt_tokens=[3],
-        completion_tokens=[2],
-        cached_tokens=[1],
-        output_token_logprobs_val=[[-0.5, -0.25]],
-        output_token_logprobs_idx=[[10, 11]],
-        engine_index=1,
-        num_running=2,
-        num_waiting=5,
-        kv_active_pages=100,
-        kv_total_pages=400,
-    )
+    built = BatchTokenIDOutSlim(**VEC1_OUTPUT_FIELDS)  # type: ignore[arg-type]
     assert encoder.encode(built) == PYTHON_OUTPUT_VECTOR
     assert len(msgspec.msgpack.decode(PYTHON_OUTPUT_VECTOR)) == 14
 
