@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import subprocess
-import sys
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -38,26 +36,6 @@ class EngineExited(SmgError):
         self.name = name
         self.returncode = returncode
         self.tail = tail
-
-
-#: ``prctl`` option: the signal the kernel sends this process when its parent dies (Linux).
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the engine receive SIGTERM if serve dies without stopping it
-    (``kill -9``, the OOM killer): its process group is otherwise out of reach and would keep
-    the accelerator. Linux only; elsewhere ``None``."""
-    if not sys.platform.startswith("linux"):
-        return None
-
-    def preexec() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent_pid:  # serve died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 def _killpg(pid: int, sig: int) -> None:
@@ -114,7 +92,6 @@ async def run_engine_process(
                 launch.argv,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(os.getpid()),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

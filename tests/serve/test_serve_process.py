@@ -3,7 +3,6 @@ official ``openai`` client, SIGTERM, clean exit, and no child process left behin
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -114,36 +113,3 @@ async def test_serve_engine_startup_failure_exits_nonzero(sock_dir: str, tmp_pat
     err = result.stderr.decode(errors="replace")
     assert result.returncode == 1, err[-4000:]
     assert "exited with code 2" in err
-
-
-async def test_engines_die_with_a_killed_serve(sock_dir: str, tmp_path: Path) -> None:
-    """``kill -9`` (or the OOM killer) gives serve no chance to stop its engines, which run in
-    their own process groups: each engine must still go (PR_SET_PDEATHSIG)."""
-    port = free_port()
-    env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
-    argv = [
-        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock",
-        "--port", str(port), "--worker-base-port", str(random_worker_base_port()),
-        "--dp-size", "2",
-    ]  # fmt: skip
-    with (tmp_path / "serve.stderr").open("wb") as stderr:
-        proc = await trio.lowlevel.open_process(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
-        )
-    children: set[int] = set()
-    try:
-        assert proc.stdout is not None
-        with trio.fail_after(60):
-            await _read_until_ready(proc.stdout)
-        children = descendants(proc.pid)
-        assert len(children) >= 2, children
-        proc.kill()
-        await proc.wait()
-        assert await wait_all_gone(children) == set(), "engines outlived a SIGKILLed serve"
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
