@@ -196,7 +196,7 @@ class EngineClient:
         """End every in-flight request's stream with ``error`` now, leaving the client alive:
         each ``generate`` block then exits and sends its ABORT as usual. Used when the gateway
         must stop waiting (its shutdown grace period ran out). Returns how many were failed."""
-        entries = [e for e in self._registry.values() if not e.finished]
+        entries = list(self._registry.values())  # finished entries leave the registry
         for entry in entries:
             entry.close(error)
         return len(entries)

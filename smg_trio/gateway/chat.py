@@ -11,7 +11,7 @@ from quart import Response
 from smg_trio.errors import ValidationError
 from smg_trio.gateway.backend import ServedModel
 from smg_trio.gateway.call import RequestCall
-from smg_trio.gateway.fanout import SubRequest, run_all
+from smg_trio.gateway.fanout import SubRequest, run_all, usage_of
 from smg_trio.gateway.logprobs import chat_logprobs, merge_runs, prompt_logprobs
 from smg_trio.gateway.schemas import (
     ChatChoice,
@@ -20,7 +20,6 @@ from smg_trio.gateway.schemas import (
     ChatMessageOut,
     ChunkChoice,
     Delta,
-    Usage,
 )
 from smg_trio.gateway.sse import ChunkFramer, sse_response
 from smg_trio.gateway.textgen import ChoiceCollector, ChoicePipeline, TextDelta
@@ -120,11 +119,6 @@ def _check_tool(tool: dict[str, Any], param: str) -> None:
         )
 
 
-def _usage(call: RequestCall, subs: Sequence[SubRequest]) -> Usage:
-    completion = sum(s.pipeline.completion_tokens for s in subs)
-    return Usage(call.prompt_tokens, completion, call.prompt_tokens + completion)
-
-
 class ChatStreamRenderer:
     """``chat.completion.chunk`` frames: a role chunk per choice first, then content and
     ``reasoning_content`` deltas (logprobs riding on the delta that carries their text), the
@@ -150,7 +144,7 @@ class ChatStreamRenderer:
         self._continuous = continuous_usage
 
     def start(self) -> bytes:
-        usage = _usage(self._call, self._subs) if self._continuous else None
+        usage = usage_of(self._call.prompt_tokens, self._subs) if self._continuous else None
         return b"".join(
             self._framer.frame(ChunkChoice(i, Delta(role="assistant", content="")), usage)
             for i in range(len(self._subs))
@@ -171,13 +165,13 @@ class ChatStreamRenderer:
             finish,
             UNSET if finish is None else delta.stop_reason,
         )
-        usage = _usage(self._call, self._subs) if self._continuous else None
+        usage = usage_of(self._call.prompt_tokens, self._subs) if self._continuous else None
         return self._framer.frame(choice, usage)
 
     def end(self) -> bytes:
         if not self._include_usage:
             return b""
-        return self._framer.usage_frame(_usage(self._call, self._subs))
+        return self._framer.usage_frame(usage_of(self._call.prompt_tokens, self._subs))
 
 
 def _result(
@@ -208,7 +202,7 @@ def _result(
         created=call.created,
         model=served.model_id,
         choices=choices,
-        usage=_usage(call, subs),
+        usage=usage_of(call.prompt_tokens, subs),
     )
     if prompt_k is not None:
         out.prompt_logprobs = prompt_logprobs(

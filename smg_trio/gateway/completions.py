@@ -15,7 +15,7 @@ from quart import Response
 from smg_trio.errors import ValidationError
 from smg_trio.gateway.backend import ServedModel
 from smg_trio.gateway.call import SSE_HEADERS, RequestCall
-from smg_trio.gateway.fanout import SubRequest, run_all
+from smg_trio.gateway.fanout import SubRequest, run_all, usage_of
 from smg_trio.gateway.logprobs import (
     completion_logprobs,
     echo_logprobs,
@@ -28,7 +28,6 @@ from smg_trio.gateway.schemas import (
     CompletionChunkChoice,
     CompletionLogprobs,
     CompletionRequest,
-    Usage,
 )
 from smg_trio.gateway.sse import DONE, ChunkFramer, sse_response
 from smg_trio.gateway.textgen import ChoiceCollector, ChoiceParams, ChoicePipeline, TextDelta
@@ -126,11 +125,6 @@ def _concat(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:
     )
 
 
-def _usage(call: RequestCall, subs: Sequence[SubRequest]) -> Usage:
-    completion = sum(s.pipeline.completion_tokens for s in subs)
-    return Usage(call.prompt_tokens, completion, call.prompt_tokens + completion)
-
-
 def _completion(
     call: RequestCall,
     served: ServedModel,
@@ -142,7 +136,7 @@ def _completion(
         created=call.created,
         model=served.model_id,
         choices=choices,
-        usage=_usage(call, subs),
+        usage=usage_of(call.prompt_tokens, subs),
     )
 
 
@@ -199,13 +193,13 @@ class CompletionStreamRenderer:
         choice = CompletionChunkChoice(
             i, text, lp, finish, UNSET if finish is None else delta.stop_reason
         )
-        usage = _usage(self._call, self._subs) if self._continuous else None
+        usage = usage_of(self._call.prompt_tokens, self._subs) if self._continuous else None
         return self._framer.frame(choice, usage)
 
     def end(self) -> bytes:
         if not self._include_usage:
             return b""
-        return self._framer.usage_frame(_usage(self._call, self._subs))
+        return self._framer.usage_frame(usage_of(self._call.prompt_tokens, self._subs))
 
 
 def _choices(
@@ -324,7 +318,7 @@ async def handle_completions(call: RequestCall) -> Response:
                 for c in choices
             ]
             if include_usage:
-                frames.append(framer.usage_frame(_usage(call, subs)))
+                frames.append(framer.usage_frame(usage_of(call.prompt_tokens, subs)))
             frames.append(DONE)
             call.close(200)
             return Response(

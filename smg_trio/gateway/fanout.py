@@ -15,10 +15,12 @@ import trio
 from smg_trio.connector.client import EngineClient
 from smg_trio.errors import RequestStreamClosed
 from smg_trio.gateway.errors import EngineRequestFailed
+from smg_trio.gateway.schemas import Usage
 from smg_trio.gateway.textgen import ChoicePipeline, TextDelta
 from smg_trio.protocol.types import GenerateRequest
 
 __all__ = [
+    "usage_of",
     "SEED_MODULUS",
     "SubRequest",
     "derive_seed",
@@ -113,3 +115,9 @@ def unwrap_group(group: BaseExceptionGroup[BaseException]) -> BaseException:
     while isinstance(leaf, BaseExceptionGroup):
         leaf = leaf.exceptions[0]
     return leaf
+
+
+def usage_of(prompt_tokens: int, subs: Sequence[SubRequest]) -> Usage:
+    """OpenAI ``usage``: the prompt counted once, completion tokens summed over the choices."""
+    completion = sum(s.pipeline.completion_tokens for s in subs)
+    return Usage(prompt_tokens, completion, prompt_tokens + completion)
