@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import trio
 
@@ -32,6 +33,7 @@ class _Entry:
         "rank",
         "request_id",
         "sent",
+        "waker",
     )
 
     def __init__(
@@ -47,21 +49,27 @@ class _Entry:
         self.closed = False  # no more outputs will arrive (finished, retired or failed)
         self.error: BaseException | None = None
         self.sent = False
+        #: Called instead of waking a parked task (see ``RequestStream.set_waker``).
+        self.waker: Callable[[], None] | None = None
 
     def push(self, out: EngineOutput) -> None:
         self.queue.append(out)
         if out.finish_reason is not None:
             self.finished = True
             self.closed = True
-        if self.lot:
-            self.lot.unpark_all()
+        self._wake()
 
     def close(self, error: BaseException | None = None) -> None:
         if self.closed:
             return
         self.closed = True
         self.error = error
-        if self.lot:
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waker is not None:
+            self.waker()
+        elif self.lot:
             self.lot.unpark_all()
 
 
@@ -103,6 +111,24 @@ class RequestStream:
         if e.error is not None:
             raise e.error
         raise RequestStreamClosed(e.request_id)
+
+    def receive_nowait(self) -> list[EngineOutput]:
+        """Every pending output, possibly none; not a checkpoint. ``[]`` also after the
+        terminal output was consumed. Raises as described on the class once the stream ended
+        without a terminal output and nothing is pending."""
+        e = self._entry
+        if not e.queue:
+            return self._end() if e.closed else []
+        items = list(e.queue)
+        e.queue.clear()
+        return items
+
+    def set_waker(self, waker: Callable[[], None] | None) -> None:
+        """Have the engine output loop call ``waker()`` whenever an output is queued or the
+        stream ends, instead of waking a task parked in :meth:`receive_some`; ``None`` restores
+        that. ``waker`` runs inside the output loop: it must not block or raise, and typically
+        drains :meth:`receive_nowait` at once (the zero-wake-up streaming path)."""
+        self._entry.waker = waker
 
     async def receive_some(self) -> list[EngineOutput]:
         """Wait for at least one output and return all pending ones; ``[]`` after the terminal

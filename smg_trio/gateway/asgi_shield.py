@@ -23,6 +23,8 @@ from typing import Any
 
 import trio
 
+from smg_trio.gateway.direct import SERVER_SEND_KEY
+
 __all__ = ["ShieldedFinish"]
 
 Scope = MutableMapping[str, Any]
@@ -35,7 +37,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 class ShieldedFinish:
     """Wrap an ASGI ``app``: HTTP responses send their final body message under a shield.
 
-    Other messages and non-HTTP scopes pass through unchanged.
+    Other messages and non-HTTP scopes pass through unchanged. The server's own ``send`` is
+    left in ``scope["extensions"]`` under ``SERVER_SEND_KEY`` (for
+    :meth:`smg_trio.gateway.direct.DirectSocket.of`).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -45,6 +49,9 @@ class ShieldedFinish:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
+        extensions = scope.get("extensions")
+        if extensions is not None:
+            extensions[SERVER_SEND_KEY] = send
 
         async def shielded_send(message: Message) -> None:
             if message["type"] == "http.response.body" and not message.get("more_body", False):

@@ -175,12 +175,27 @@ class RawSSE:
 
     @classmethod
     async def post(
-        cls, base_url: str, path: str, body: Any, headers: dict[str, str] | None = None
+        cls,
+        base_url: str,
+        path: str,
+        body: Any,
+        headers: dict[str, str] | None = None,
+        *,
+        rcvbuf: int | None = None,
     ) -> RawSSE:
+        """``rcvbuf`` sets the client socket's ``SO_RCVBUF`` before it connects (a small one
+        makes the server's writes block once the client stops reading)."""
         url = httpx.URL(base_url)
         assert url.host is not None
         assert url.port is not None
-        self = cls(await trio.open_tcp_stream(url.host, url.port))
+        if rcvbuf is None:
+            stream = await trio.open_tcp_stream(url.host, url.port)
+        else:
+            sock = trio.socket.socket()
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, rcvbuf)
+            await sock.connect((url.host, url.port))
+            stream = trio.SocketStream(sock)
+        self = cls(stream)
         payload = json.dumps(body).encode()
         hdrs = [
             ("host", f"{url.host}:{url.port}"),

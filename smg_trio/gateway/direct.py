@@ -1,0 +1,102 @@
+"""Direct writes: an SSE chunk goes from the engine output loop straight to the client socket.
+
+Through ASGI, every chunk costs a wake-up of the request's task and the whole send stack
+(quart-trio, hypercorn ``HTTPStream``/``H11Protocol``, h11, ``TCPServer.protocol_send``: a lock,
+a shield and two scheduler checkpoints). :class:`DirectSocket` lets the task that receives the
+engine batch write each stream's chunk itself, with one non-blocking ``write(2)``, when that
+cannot block anything: the connection is plain HTTP/1.1 with chunked framing, the response
+headers are out, nobody else is writing, and the socket has room. Whatever cannot be written at
+once goes back to the request's task and the ordinary (blocking, backpressured) ASGI path, so a
+slow client still never stalls the output loop.
+
+This reaches into hypercorn's connection objects (checked against hypercorn 0.18.0 and h11
+0.16). Each assumption is checked when a response is attached; when any fails (TLS, HTTP/2, an
+HTTP/1.0 client, another server or version) :meth:`DirectSocket.of` returns ``None`` and the
+stream uses the ASGI path only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import h11
+import trio
+from h11._writers import ChunkedWriter
+from hypercorn.events import RawData
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.http_stream import HTTPStream
+from hypercorn.trio.tcp_server import TCPServer
+
+__all__ = ["SERVER_SEND_KEY", "DirectSocket"]
+
+#: ``scope["extensions"]`` key under which the ASGI wrapper leaves the server's own ``send``.
+SERVER_SEND_KEY = "smg_trio.server_send"
+
+
+class DirectSocket:
+    """The socket under one hypercorn HTTP/1.1 response, for chunk writes that skip ASGI.
+
+    Use :meth:`of` to get one; it is only valid for the response whose ``send`` it came from.
+    """
+
+    __slots__ = ("_proto", "_socket", "_stream", "_tcp")
+
+    def __init__(
+        self, stream: HTTPStream, proto: H11Protocol, tcp: TCPServer, socket: trio.SocketStream
+    ) -> None:
+        self._stream = stream
+        self._proto = proto
+        self._tcp = tcp
+        self._socket = socket
+
+    @classmethod
+    def of(cls, server_send: object) -> DirectSocket | None:
+        """The direct socket behind hypercorn's ASGI ``send`` for one request, or ``None``
+        when that connection is not plain-TCP HTTP/1.1 served by hypercorn's trio worker."""
+        stream = getattr(server_send, "__self__", None)
+        if not isinstance(stream, HTTPStream):
+            return None
+        proto = getattr(stream.send, "__self__", None)
+        if not isinstance(proto, H11Protocol):
+            return None
+        tcp = getattr(proto.send, "__self__", None)
+        # hypercorn annotates ``stream`` as an SSLStream; a plain connection has a SocketStream.
+        sock_stream: object = getattr(tcp, "stream", None)
+        if not isinstance(tcp, TCPServer) or not isinstance(sock_stream, trio.SocketStream):
+            return None
+        return cls(stream, proto, tcp, sock_stream)
+
+    def chunked(self) -> bool:
+        """True once the response head is out and its body uses chunked framing: only then
+        may :meth:`try_write` be used (call it after the first body message was sent)."""
+        conn = self._proto.connection
+        return conn.our_state is h11.SEND_BODY and isinstance(
+            getattr(conn, "_writer", None), ChunkedWriter
+        )
+
+    def try_write(self, data: bytes) -> bytes | None:
+        """Write ``data`` as one HTTP/1.1 chunk without blocking; not a checkpoint.
+
+        Returns ``b""`` when the whole chunk was written; the unwritten tail of the framed
+        chunk (raw bytes, to be sent with :meth:`send_raw` before anything else) after a partial
+        write; ``None`` when nothing was written (another writer holds the connection, the
+        socket is full, closed or broken): then ``data`` is still unframed and the caller sends
+        it through ASGI, which also reports a broken connection the usual way.
+        """
+        tcp = self._tcp
+        if tcp.send_lock.locked() or self._stream.closed:
+            return None
+        fd = self._socket.socket.fileno()  # re-read: -1 once closed (a cached fd may be reused)
+        if fd < 0:
+            return None
+        frame = b"%x\r\n%b\r\n" % (len(data), data)
+        try:
+            sent = os.write(fd, frame)
+        except OSError:  # EAGAIN, EPIPE, ECONNRESET...: the ASGI path handles each
+            return None
+        return frame[sent:]
+
+    async def send_raw(self, data: bytes) -> None:
+        """Send already-framed bytes (a partial chunk's tail) through hypercorn's own locked,
+        shielded socket write, which waits for room and handles a broken connection."""
+        await self._tcp.protocol_send(RawData(data=data))

@@ -1,0 +1,137 @@
+"""The direct-write streaming path: chunks written by the engine output loop, and the fall back
+to the request's task (and ASGI backpressure) when the client's socket is full."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+import trio
+
+from smg_trio.gateway.direct import DirectSocket
+from tests.gateway.conftest import DEADLINE_S, HarnessFactory, RawSSE, steps_of
+
+
+class WriteSpy:
+    """Counts :meth:`DirectSocket.try_write` outcomes; ``fell_back`` is set by the first write
+    that could not complete (socket full: ``None`` or a partial tail)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, sndbuf: int | None = None) -> None:
+        self.whole = 0
+        self.partial = 0
+        self.refused = 0
+        self.fell_back = trio.Event()
+        self.attached = 0
+        real_write = DirectSocket.try_write
+        real_of = DirectSocket.of.__func__  # type: ignore[attr-defined]
+
+        def try_write(ds: DirectSocket, data: bytes) -> bytes | None:
+            tail = real_write(ds, data)
+            if tail is None:
+                self.refused += 1
+            elif tail:
+                self.partial += 1
+            else:
+                self.whole += 1
+            if tail is None or tail:
+                self.fell_back.set()
+            return tail
+
+        def of(cls: type[DirectSocket], server_send: object) -> DirectSocket | None:
+            ds = real_of(cls, server_send)
+            if ds is not None:
+                self.attached += 1
+                if sndbuf is not None:
+                    ds._socket.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+            return ds
+
+        monkeypatch.setattr(DirectSocket, "try_write", try_write)
+        monkeypatch.setattr(DirectSocket, "of", classmethod(of))
+
+
+def chat(max_tokens: int, **kw: Any) -> dict[str, Any]:
+    return {
+        "model": "M",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+        **kw,
+    }
+
+
+def content_of(events: list[Any]) -> str:
+    return "".join(
+        c["delta"].get("content") or ""
+        for ev in events
+        if isinstance(ev, dict)
+        for c in ev.get("choices", [])
+    )
+
+
+async def test_stream_chunks_are_written_by_the_output_loop(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over plain HTTP/1.1 every content chunk but the last goes out through a direct write,
+    and the client sees exactly the ASGI path's stream (framing, order, [DONE] once)."""
+    spy = WriteSpy(monkeypatch)
+    words = [f"w{i} " for i in range(20)]
+    steps = steps_of(tok, *words)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps) as h:
+            resp, events = await h.stream(
+                "/v1/chat/completions",
+                chat(400, stream_options={"include_usage": True}),
+            )
+            assert resp.status_code == 200
+    assert spy.attached == 1
+    assert spy.whole >= len(words) - 2  # the finishing step rides with the last frames
+    assert spy.partial == spy.refused == 0
+    assert content_of(events) == "".join(words)
+    assert events[-1] == "[DONE]"
+    assert events.count("[DONE]") == 1
+    assert events[-2]["usage"]["completion_tokens"] == sum(map(len, steps))
+
+
+async def test_full_socket_falls_back_and_loses_nothing(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that stops reading fills the socket: the output loop hands the rest to the
+    request's task (partial chunk tail first), and once the client reads again it gets every
+    byte, in order, correctly framed."""
+    spy = WriteSpy(monkeypatch, sndbuf=4096)
+    words = [f"lighthouse keeper {i} " for i in range(1500)]
+    steps = steps_of(tok, *words)
+    total = sum(map(len, steps))
+    with trio.fail_after(4 * DEADLINE_S):
+        async with harness(plan=lambda r: steps, step_s=0.0002, max_model_len=65536) as h:
+            sse = await RawSSE.post(
+                h.base_url, "/v1/chat/completions", chat(total, stream=True), rcvbuf=4096
+            )
+            await spy.fell_back.wait()  # the client has not read the body yet
+            events = await sse.rest()
+            assert sse.status == 200
+            await sse.aclose()
+            assert h.client.inflight_count == 0
+    assert spy.refused + spy.partial > 0
+    assert spy.whole > 0
+    assert content_of(events) == "".join(words)
+    assert events[-1] == "[DONE]"
+    assert events.count("[DONE]") == 1
+
+
+async def test_disconnect_while_writes_are_direct_aborts_the_engine(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing the connection while the output loop writes the chunks: the writer task is
+    cancelled, the engine gets ABORT, the registry empties."""
+    spy = WriteSpy(monkeypatch)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(step_s=0.002) as h:
+            sse = await RawSSE.post(h.base_url, "/v1/chat/completions", chat(2000, stream=True))
+            await sse.until(lambda evs: len(evs) >= 5)
+            assert spy.whole > 0
+            await sse.aclose()
+            assert len(h.engine.requests) == 1
+            rid = h.engine.requests[0].request_id
+            await h.wait_aborted([rid])
+            assert h.client.inflight_count == 0  # retired before the ABORT was sent
