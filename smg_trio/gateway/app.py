@@ -21,7 +21,9 @@ from smg_trio.gateway.call import JSON_TYPE, Gateway, RequestCall, json_response
 from smg_trio.gateway.chat import handle_chat
 from smg_trio.gateway.completions import handle_completions
 from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.direct import SERVER_SEND_KEY, DirectSocket
 from smg_trio.gateway.errors import ApiError, to_api_error
+from smg_trio.gateway.fastroute import AsgiRequest, InferenceRoutes
 from smg_trio.gateway.health import health, liveness, readiness
 from smg_trio.gateway.metrics import GatewayMetrics
 from smg_trio.gateway.models import model_detail, model_list
@@ -37,16 +39,21 @@ GATEWAY_KEY = "smg_trio.gateway"
 
 
 class _Connection(TrioASGIHTTPConnection):
-    """Quart-trio's connection, plus: a stream body that was never entered (the client
-    vanished between the view returning and the body starting) still releases its lease."""
+    """Quart-trio's connection, plus: a stream body gets the connection's direct socket, and
+    one that was never entered (the client vanished between the view returning and the body
+    starting) still ABORTs its engine request and releases its lease."""
 
     async def _send_response(self, send: Any, response: Any) -> None:
+        body = getattr(response, "response", None)
+        if isinstance(body, StreamBody):
+            extensions = self.scope.get("extensions") or {}
+            body.attach(DirectSocket.of(extensions.get(SERVER_SEND_KEY)))
         try:
             await super()._send_response(send, response)
         finally:
-            body = getattr(response, "response", None)
             if isinstance(body, StreamBody):
-                body.release()
+                with trio.CancelScope(shield=True):  # its ABORT send is time-bounded
+                    await body.release()
 
 
 def _current() -> Request:
@@ -90,13 +97,32 @@ def create_app(
     )
     app.extensions[GATEWAY_KEY] = gw
 
+    async def chat_route(req: Request | AsgiRequest) -> Response:
+        return await handle_chat(RequestCall(gw, req, "chat", "chatcmpl-"))
+
+    async def completions_route(req: Request | AsgiRequest) -> Response:
+        return await handle_completions(RequestCall(gw, req, "completions", "cmpl-"))
+
+    async def send_response(scope: Any, send: Any, response: Response) -> None:
+        await _Connection(app, scope)._send_response(send, response)
+
+    # The hot routes skip Quart's per-request machinery; the Quart views below serve what the
+    # middleware does not take (e.g. the app mounted under a root path).
+    app.asgi_app = InferenceRoutes(  # type: ignore[assignment,method-assign]
+        app.asgi_app,
+        {"/v1/chat/completions": chat_route, "/v1/completions": completions_route},
+        send_response,
+        max_body=config.max_body_bytes,
+        body_timeout_s=config.body_timeout_s,
+    )
+
     @app.post("/v1/chat/completions")
     async def chat() -> Response:
-        return await handle_chat(RequestCall(gw, _current(), "chat", "chatcmpl-"))
+        return await chat_route(_current())
 
     @app.post("/v1/completions")
     async def completions() -> Response:
-        return await handle_completions(RequestCall(gw, _current(), "completions", "cmpl-"))
+        return await completions_route(_current())
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -9,7 +9,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 import trio
@@ -32,6 +32,9 @@ __all__ = [
     "bearer_matches",
     "json_response",
 ]
+
+if TYPE_CHECKING:
+    from smg_trio.gateway.fastroute import AsgiRequest
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,7 @@ class Gateway:
         self.active_ids: set[str] = set()
         self._api_key = None if config.api_key is None else config.api_key.encode()
 
-    def request_id(self, request: Request) -> str:
+    def request_id(self, request: Request | AsgiRequest) -> str:
         """The first configured request-id header present (printable ASCII without spaces,
         <= 256 chars), else a fresh 32-hex-digit id."""
         headers = request.headers
@@ -90,7 +93,7 @@ class Gateway:
                 return str(value)
         return _random_id()
 
-    def check_auth(self, request: Request) -> None:
+    def check_auth(self, request: Request | AsgiRequest) -> None:
         """401 unless the bearer token matches the configured API key (if any)."""
         if self._api_key is None:
             return
@@ -134,7 +137,9 @@ class RequestCall:
     metrics.
     """
 
-    def __init__(self, gw: Gateway, request: Request, endpoint: str, id_prefix: str) -> None:
+    def __init__(
+        self, gw: Gateway, request: Request | AsgiRequest, endpoint: str, id_prefix: str
+    ) -> None:
         self.gw = gw
         self.endpoint = endpoint
         self.request = request

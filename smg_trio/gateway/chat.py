@@ -283,7 +283,7 @@ async def handle_chat(call: RequestCall) -> Response:
                 include_usage=bool(opts and opts.include_usage),
                 continuous_usage=bool(opts and opts.continuous_usage_stats),
             )
-            response = sse_response(call, client, subs, renderer)
+            response = await sse_response(call, client, subs, renderer)
             streaming = True
             return response
         collected = ChoiceCollector(len(subs))

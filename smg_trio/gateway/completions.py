@@ -346,7 +346,7 @@ async def handle_completions(call: RequestCall) -> Response:
                 include_usage=include_usage,
                 continuous_usage=bool(opts and opts.continuous_usage_stats),
             )
-            response = sse_response(call, client, subs, renderer)
+            response = await sse_response(call, client, subs, renderer)
             streaming = True
             return response
         collected = ChoiceCollector(len(subs))

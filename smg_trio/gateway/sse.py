@@ -3,8 +3,11 @@
 The body is a Quart ``ResponseBody`` (an async context manager), so the n>1 fan-out nursery is
 opened in ``__aenter__`` and closed in ``__aexit__`` by the task that writes the response: a
 client disconnect cancels that task, which cancels every sub-request (each sends ABORT).
-For n=1 the writer drives the engine stream itself: one wakeup and one socket write per engine
-batch, and everything pending is coalesced when the client falls behind.
+For n=1 on a plain HTTP/1.1 connection, once the response head is out, the engine output loop
+renders and writes each chunk itself (:mod:`smg_trio.gateway.direct`): no task wake-up per
+chunk. The writer task then only wakes for the end of the stream, an error, or when the socket
+is full; it sends what piled up through ASGI, coalesced, with the usual backpressure. Elsewhere
+(n>1, TLS, HTTP/2) the writer drives the engine stream itself: one wake-up per engine batch.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from smg_trio.connector.client import EngineClient
 from smg_trio.connector.stream import RequestStream
 from smg_trio.errors import RequestStreamClosed
 from smg_trio.gateway.call import SSE_HEADERS, RequestCall
+from smg_trio.gateway.direct import DirectSocket
 from smg_trio.gateway.errors import EngineRequestFailed, ErrorBody, to_api_error
 from smg_trio.gateway.fanout import SubRequest, drive
 from smg_trio.gateway.schemas import Usage
@@ -118,6 +122,15 @@ class StreamBody(ResponseBody):
         self._outbox: list[bytes] = []
         self._remaining = len(subs)
         self._lot = trio.lowlevel.ParkingLot()
+        # n == 1 direct mode: the output loop writes to ``_direct`` (see ``_on_ready``).
+        self._direct: DirectSocket | None = None
+        self._direct_on = False
+        self._raw_tail = b""  # the unwritten tail of a partially written chunk
+        self._final: bytes | None = None  # the last frames, once the choice finished
+
+    def attach(self, direct: DirectSocket | None) -> None:
+        """Offer the connection's :class:`DirectSocket` (``None``: ASGI sends only)."""
+        self._direct = direct if len(self._subs) == 1 else None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -129,14 +142,21 @@ class StreamBody(ResponseBody):
             for sub, scope in zip(self._subs, self._scopes, strict=True):
                 nursery.start_soon(self._run_sub, sub, scope)
         else:
-            # Submit before writing the first frame: the engine starts while we write.
-            try:
-                self._gen = gen = self._client.generate(self._subs[0].request)
-                self._stream = await gen.__aenter__()
-            except Exception as exc:
-                self._gen = None
-                self._error = exc
+            await self.submit()
         return self
+
+    async def submit(self) -> None:
+        """n == 1: send the engine request now, before the response head is written, so the
+        engine starts while the gateway writes (the handler calls this; entering the body
+        does it otherwise). Idempotent; a failure is reported in the stream."""
+        if len(self._subs) > 1 or self._gen is not None or self._error is not None:
+            return
+        try:
+            self._gen = gen = self._client.generate(self._subs[0].request)
+            self._stream = await gen.__aenter__()
+        except Exception as exc:
+            self._gen = None
+            self._error = exc
 
     async def __aexit__(
         self,
@@ -155,10 +175,12 @@ class StreamBody(ResponseBody):
         finally:
             self._finish(exc)
 
-    def release(self) -> None:
-        """Close the call if the body was never run (Quart failed before entering it)."""
+    async def release(self) -> None:
+        """Close the call if the body was never run (the client vanished before it started):
+        an engine request already submitted is retired and ABORTed."""
         if self._state == _START:
             self._state = _DONE
+            await self._close_generate()
             self._call.close(499, "client_disconnected")
 
     def _finish(self, exc: BaseException | None) -> None:
@@ -205,6 +227,14 @@ class StreamBody(ResponseBody):
         sub = self._subs[0]
         stream = self._stream
         assert stream is not None
+        if self._direct_on:
+            return await self._next_direct()
+        direct = self._direct
+        if direct is not None and direct.chunked():
+            self._direct_on = True
+            stream.set_waker(self._on_ready)
+            self._on_ready()  # what arrived while the head was being written
+            return await self._next_direct()
         pipeline = sub.pipeline
         render = self._renderer.delta
         call = self._call
@@ -230,6 +260,72 @@ class StreamBody(ResponseBody):
                 data = render(sub, delta)
                 if data:
                     return data
+
+    async def _next_direct(self) -> bytes:
+        """Wait until the output loop needs this task: a partial chunk's tail to finish, data
+        that could not be written directly, the end of the choice, or an error."""
+        while True:
+            if self._raw_tail:
+                tail, self._raw_tail = self._raw_tail, b""
+                assert self._direct is not None
+                await self._direct.send_raw(tail)
+                continue
+            if self._error is not None:
+                raise self._error
+            if self._final is not None:
+                await self._close_generate()  # a gateway-side stop ABORTs the engine here
+                self._state = _DONE
+                data = b"".join(self._outbox) + self._final
+                self._outbox.clear()
+                return data
+            if self._outbox:
+                data = b"".join(self._outbox)
+                self._outbox.clear()
+                return data
+            await self._lot.park()
+
+    def _on_ready(self) -> None:
+        """Run by the engine output loop when this stream has outputs (or ended): render
+        them and write the chunk to the socket now if that cannot block; else hand it to the
+        writer task. Never raises: a failure is stored for the writer task to report."""
+        if self._final is not None or self._error is not None:
+            return
+        stream = self._stream
+        assert stream is not None
+        assert self._direct is not None
+        sub = self._subs[0]
+        pipeline = sub.pipeline
+        try:
+            try:
+                outputs = stream.receive_nowait()
+            except RequestStreamClosed:
+                raise EngineRequestFailed(
+                    "the engine ended the request without finishing it", "engine_aborted"
+                ) from None
+            if not outputs:
+                return
+            self._call.on_batch()
+            delta = pipeline.feed(outputs)
+            data = b"" if delta is None else self._renderer.delta(sub, delta)
+            if pipeline.done:
+                self._final = data + self._renderer.end() + DONE
+                self._lot.unpark_all()
+                return
+        except Exception as exc:
+            self._error = exc
+            self._lot.unpark_all()
+            return
+        if not data:
+            return
+        if not self._outbox and not self._raw_tail:
+            tail = self._direct.try_write(data)
+            if tail is not None:
+                if tail:
+                    self._raw_tail = tail
+                    self._lot.unpark_all()
+                return
+        self._outbox.append(data)
+        self._lot.unpark_all()
 
     async def _next_multi(self) -> bytes:
         while True:
@@ -266,16 +362,21 @@ class StreamBody(ResponseBody):
 
     async def _close_generate(self) -> None:
         gen, self._gen = self._gen, None
+        if self._stream is not None:
+            self._stream.set_waker(None)
         if gen is not None:
             await gen.__aexit__(None, None, None)
 
 
-def sse_response(
+async def sse_response(
     call: RequestCall, client: EngineClient, subs: Sequence[SubRequest], renderer: StreamRenderer
 ) -> Response:
-    """The 200 ``text/event-stream`` response whose body drives ``subs`` through ``renderer``."""
+    """The 200 ``text/event-stream`` response whose body drives ``subs`` through ``renderer``.
+    A single choice is submitted to the engine here, before the response is sent."""
+    body = StreamBody(call, client, subs, renderer)
+    await body.submit()
     return Response(
-        StreamBody(call, client, subs, renderer),
+        body,
         status=200,
         content_type="text/event-stream; charset=utf-8",
         headers={**SSE_HEADERS, "x-request-id": call.request_id},
