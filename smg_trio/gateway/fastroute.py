@@ -13,22 +13,19 @@ cancels the handler, which ABORTs every engine request it started.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 from quart import Response
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
+from smg_trio.gateway.asgi_shield import Receive, Scope, Send
 from smg_trio.gateway.call import json_response
 from smg_trio.gateway.errors import to_api_error
 
 __all__ = ["AsgiRequest", "InferenceRoutes"]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[..., Awaitable[None]]
 #: A route: the request in, a Quart response out (errors already turned into responses).
 Handler = Callable[["AsgiRequest"], Awaitable[Response]]
