@@ -52,6 +52,8 @@ ABORT_SEND_TIMEOUT_S = 1.0
 ENGINE_SILENCE_DEATH_TIMEOUT_S = 300.0
 #: One undecodable message is dropped; this many in a row means the stream is garbage.
 MAX_CONSECUTIVE_DECODE_ERRORS = 3
+#: The output loop handles up to this many waiting messages before it lets other tasks run.
+_OUTPUT_BURST = 16
 #: Ids retired by an abort are remembered so that an engine that registered the request late
 #: (its ABORT raced ahead of registration) is told again when its output shows up.
 _ABORTED_MEMORY = 4096
@@ -359,14 +361,25 @@ class EngineClient:
             return
 
     async def _output_loop(self) -> None:
+        """Receive, decode and dispatch engine outputs. Every message waiting is handled in
+        one wake-up (a checkpoint every ``_OUTPUT_BURST`` messages keeps a flood fair)."""
         sock = self._sockets.output
         decode = self.protocol.decode_batch
         errors = 0
+        burst = 0
         with trio.CancelScope() as scope:
             self._recv_scope = scope  # cancelled by _die
             while self._dead is None:
                 try:
-                    frames = await sock.recv_multipart()
+                    if burst >= _OUTPUT_BURST:
+                        burst = 0
+                        await trio.lowlevel.checkpoint()
+                    frames = sock.recv_multipart_nowait()
+                    if frames is None:
+                        burst = 0
+                        await sock.wait_readable()
+                        continue
+                    burst += 1
                 except (zmq.ZMQError, trio.ClosedResourceError) as exc:
                     if not self._closed:
                         self._die(EngineDeadError(f"engine output socket failed: {exc}"))

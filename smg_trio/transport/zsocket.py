@@ -169,6 +169,29 @@ class ZmqSocket:
         await trio.lowlevel.cancel_shielded_checkpoint()
         return frames
 
+    def recv_multipart_nowait(self) -> list[bytes] | None:
+        """One multipart message if one is waiting, else ``None``; not a checkpoint.
+
+        Reads ``EVENTS`` first, so an empty socket costs no ``zmq.Again``. Raises
+        ``zmq.ZMQError`` from libzmq and :class:`trio.ClosedResourceError` if closed.
+        """
+        self._check_open()
+        if not (cast(int, self._sock.get(zmq.EVENTS)) & _POLLIN):
+            return None
+        try:
+            return self._sock.recv_multipart(flags=zmq.DONTWAIT)
+        except zmq.Again:
+            return None
+
+    async def wait_readable(self) -> None:
+        """Wait until :meth:`recv_multipart_nowait` has a message; always a checkpoint.
+
+        Raises :class:`trio.ClosedResourceError` if the socket is or gets closed.
+        """
+        self._check_open()
+        if not await self._wait(_POLLIN, must_sleep=False):
+            await trio.lowlevel.checkpoint()
+
     def close(self, *, linger_ms: int = 0) -> None:
         """Close the socket; idempotent. A task blocked in an operation on it gets
         :class:`trio.ClosedResourceError`.

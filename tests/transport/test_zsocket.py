@@ -211,3 +211,36 @@ async def test_router_mandatory_send_to_full_peer_waits_without_spinning(
             assert await slow.recv_multipart() == [b"last"]
         await router.send_multipart([b"\x01\x00", b"fast"])
         assert await fast.recv_multipart() == [b"fast"]
+
+
+async def test_drain_without_again(raw_socket: RawSocketFactory, ipc: IpcNamespace) -> None:
+    """``recv_multipart_nowait`` returns ``None`` on an empty socket (no ``zmq.Again``, no
+    checkpoint), ``wait_readable`` sleeps until a message is there and is always a
+    checkpoint, and a burst is drained in order without sleeping in between."""
+    push, pull = _push_pull(raw_socket, ipc)
+    with trio.fail_after(IO_DEADLINE_S):
+        with trio.testing.assert_no_checkpoints():
+            assert pull.recv_multipart_nowait() is None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pull.wait_readable)
+            await trio.testing.wait_all_tasks_blocked()
+            for i in range(5):
+                await push.send_multipart([b"m", bytes([i])])
+        got = []
+        while len(got) < 5:
+            frames = pull.recv_multipart_nowait()
+            if frames is None:
+                await pull.wait_readable()
+                continue
+            got.append(frames[1][0])
+        assert got == [0, 1, 2, 3, 4]
+        await push.send_multipart([b"ready"])
+        await pull.wait_readable()
+        with trio.testing.assert_checkpoints():
+            await pull.wait_readable()  # a message is waiting: still a checkpoint
+        assert pull.recv_multipart_nowait() == [b"ready"]
+    pull.close()
+    with pytest.raises(trio.ClosedResourceError):
+        pull.recv_multipart_nowait()
+    with pytest.raises(trio.ClosedResourceError):
+        await pull.wait_readable()
