@@ -86,6 +86,8 @@ async def drive(
             delta = pipeline.feed(outputs)
             if delta is not None:
                 on_delta(sub, delta)
+            if pipeline.failure is not None:
+                raise pipeline.failure
 
 
 async def run_all(

@@ -258,6 +258,9 @@ class StreamBody(ResponseBody):
                 return data + self._renderer.end() + DONE
             if delta is not None:
                 data = render(sub, delta)
+                if pipeline.failure is not None:  # its text goes out before the error
+                    self._outbox.append(data)
+                    raise pipeline.failure
                 if data:
                     return data
 
@@ -311,6 +314,9 @@ class StreamBody(ResponseBody):
                 self._final = data + self._renderer.end() + DONE
                 self._lot.unpark_all()
                 return
+            if pipeline.failure is not None:  # its text goes out before the error
+                self._outbox.append(data)
+                raise pipeline.failure
         except Exception as exc:
             self._error = exc
             self._lot.unpark_all()

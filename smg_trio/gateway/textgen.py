@@ -119,6 +119,7 @@ class ChoicePipeline:
         "_params",
         "_reasoning",
         "completion_tokens",
+        "failure",
         "finish_reason",
         "gateway_stopped",
         "index",
@@ -159,6 +160,8 @@ class ChoicePipeline:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.gateway_stopped = False
+        #: An engine failure that arrived after text in the same :meth:`feed` call.
+        self.failure: EngineRequestFailed | None = None
         self.prompt_logprobs: list[TokenLogprobs] = []
 
     @property
@@ -169,18 +172,30 @@ class ChoicePipeline:
     def feed(self, outputs: Sequence[EngineOutput]) -> TextDelta | None:
         """Process engine outputs; return the delta to emit, or ``None`` when everything is
         held back (a partial stop string or UTF-8 character). Outputs after the finish are
-        ignored."""
+        ignored.
+
+        Raises :class:`EngineRequestFailed` for an engine error or abort finish. When text
+        arrived before it in the same call, that text is returned first and the error is
+        left in :attr:`failure`: the caller sends the delta, then raises it."""
+        if self.failure is not None:
+            raise self.failure
         parts: list[str] = []
         for out in outputs:
             if self.finish_reason is not None:
                 break
             reason = out.finish_reason
-            if reason == "error":
-                raise EngineRequestFailed(
-                    "the engine failed the request (see the engine logs)", "engine_error"
+            if reason == "error" or reason == "abort":
+                failure = (
+                    EngineRequestFailed(
+                        "the engine failed the request (see the engine logs)", "engine_error"
+                    )
+                    if reason == "error"
+                    else EngineRequestFailed("the engine aborted the request", "engine_aborted")
                 )
-            if reason == "abort":
-                raise EngineRequestFailed("the engine aborted the request", "engine_aborted")
+                if not parts:
+                    raise failure
+                self.failure = failure  # the text before it goes out first
+                break
             if out.prompt_logprobs is not None:
                 self.prompt_logprobs.append(out.prompt_logprobs)
             if out.new_token_ids:
