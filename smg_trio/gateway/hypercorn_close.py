@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 CLOSE_LOCK_WAIT_S: Final = 1.0
 
 _MARK = "_smg_trio_close_under_send_lock"
+#: Set on a connection while its close holds the send lock (that holder is not a stuck write).
+_CLOSING = "_smg_trio_closing"
 #: The connections being served (TCPServer instances), for close_blocked_writes.
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -51,7 +53,8 @@ def close_blocked_writes() -> int:
     for server in list(_LIVE):
         lock = getattr(server, "send_lock", None)
         sock = getattr(getattr(server, "stream", None), "socket", None)
-        if isinstance(lock, trio.Lock) and lock.locked() and sock is not None:
+        closing = getattr(server, _CLOSING, False)  # the holder is the close itself
+        if isinstance(lock, trio.Lock) and lock.locked() and not closing and sock is not None:
             sock.close()  # notify_closing wakes the blocked sender
             closed += 1
     return closed
@@ -72,6 +75,7 @@ def install() -> None:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(CLOSE_LOCK_WAIT_S):
                 async with lock:
+                    setattr(self, _CLOSING, True)
                     await original(self)
                     return
             # a write holds the lock, blocked on a client that stopped reading
