@@ -295,7 +295,6 @@ class StreamBody(ResponseBody):
             return
         stream = self._stream
         assert stream is not None
-        assert self._direct is not None
         sub = self._subs[0]
         pipeline = sub.pipeline
         try:
@@ -311,7 +310,10 @@ class StreamBody(ResponseBody):
             delta = pipeline.feed(outputs)
             data = b"" if delta is None else self._renderer.delta(sub, delta)
             if pipeline.done:
-                self._final = data + self._renderer.end() + DONE
+                # The last frames go out now too; the writer task only ends the response
+                # (and ABORTs the engine after a gateway-side stop).
+                self._write_or_queue(data + self._renderer.end() + DONE)
+                self._final = b""
                 self._lot.unpark_all()
                 return
             if pipeline.failure is not None:  # its text goes out before the error
@@ -321,9 +323,14 @@ class StreamBody(ResponseBody):
             self._error = exc
             self._lot.unpark_all()
             return
-        if not data:
-            return
+        if data:
+            self._write_or_queue(data)
+
+    def _write_or_queue(self, data: bytes) -> None:
+        """Write ``data`` to the socket now if nothing is queued before it and that cannot
+        block; else queue it (or its unwritten tail) and wake the writer task."""
         if not self._outbox and not self._raw_tail:
+            assert self._direct is not None
             tail = self._direct.try_write(data)
             if tail is not None:
                 if tail:

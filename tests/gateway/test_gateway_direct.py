@@ -23,6 +23,7 @@ class WriteSpy:
         self.refused = 0
         self.fell_back = trio.Event()
         self.attached = 0
+        self.last = b""  # the last chunk written whole
         real_write = DirectSocket.try_write
         real_of = DirectSocket.of.__func__  # type: ignore[attr-defined]
 
@@ -34,6 +35,7 @@ class WriteSpy:
                 self.partial += 1
             else:
                 self.whole += 1
+                self.last = data
             if tail is None or tail:
                 self.fell_back.set()
             return tail
@@ -71,8 +73,8 @@ def content_of(events: list[Any]) -> str:
 async def test_stream_chunks_are_written_by_the_output_loop(
     harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Over plain HTTP/1.1 every content chunk but the last goes out through a direct write,
-    and the client sees exactly the ASGI path's stream (framing, order, [DONE] once)."""
+    """Over plain HTTP/1.1 every content chunk and the final frames go out through direct
+    writes, and the client sees exactly the ASGI path's stream (framing, order, [DONE] once)."""
     spy = WriteSpy(monkeypatch)
     words = [f"w{i} " for i in range(20)]
     steps = steps_of(tok, *words)
@@ -84,7 +86,8 @@ async def test_stream_chunks_are_written_by_the_output_loop(
             )
             assert resp.status_code == 200
     assert spy.attached == 1
-    assert spy.whole >= len(words) - 2  # the finishing step rides with the last frames
+    assert spy.whole >= len(words)
+    assert spy.last.endswith(b"data: [DONE]\n\n")  # the last frames too; ASGI only ends it
     assert spy.partial == spy.refused == 0
     assert content_of(events) == "".join(words)
     assert events[-1] == "[DONE]"
