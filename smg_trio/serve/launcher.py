@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -13,6 +14,7 @@ from functools import partial
 import trio
 
 from smg_trio.errors import SmgError
+from smg_trio.serve import guard
 from smg_trio.serve.commands import EngineLaunch
 
 __all__ = ["ENGINE_STOP_GRACE_S", "EngineExited", "run_engine_process"]
@@ -25,6 +27,8 @@ ENGINE_STOP_GRACE_S = 10.0
 #: The group is SIGKILLed first, so the pipe closes at once unless a process left the group.
 LOG_DRAIN_S = 1.0
 _TAIL_LINES = 40
+#: The guard runs as a script by path: no package imports, so it starts in milliseconds.
+GUARD_PATH = guard.__file__
 
 
 class EngineExited(SmgError):
@@ -79,44 +83,57 @@ async def run_engine_process(
     """Run one engine in its own process group until cancelled.
 
     Cancellation stops the whole group (SIGTERM, then SIGKILL after ``ENGINE_STOP_GRACE_S``),
-    so no orphan survives. If the engine exits by itself, ``on_exit`` is called as soon as the
-    process is reaped (the caller fails the worker's in-flight requests), the rest of the group
-    is killed, and :class:`EngineExited` is raised with the last log lines.
+    so no orphan survives. The engine runs under a guard (:mod:`smg_trio.serve.guard`) that
+    stops the group if this process dies without cleaning up (SIGKILL, OOM kill). If the engine
+    exits by itself, ``on_exit`` is called as soon as the process is reaped (the caller fails
+    the worker's in-flight requests), the rest of the group is killed, and
+    :class:`EngineExited` is raised with the last log lines. ``task_status.started`` gets the
+    guard's process (its pid is the group's id; its exit status is the engine's).
     """
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
     env = {**os.environ, **launch.env}
-    async with trio.open_nursery() as nursery:
-        proc: trio.Process = await nursery.start(
-            partial(
-                trio.run_process,
-                launch.argv,
-                env=env,
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                check=False,
-                deliver_cancel=_stop_group,
-            )
-        )
-        log.info("launched %s (pid %d): %s", name, proc.pid, " ".join(launch.argv))
-        task_status.started(proc)
-        assert proc.stdout is not None
-        forwarded = trio.Event()
+    # The guard sees end of file on this pipe when this process is gone: only we hold the
+    # write end (os.pipe fds are not inherited by other children).
+    lifeline_r, lifeline_w = os.pipe()
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                proc: trio.Process = await nursery.start(
+                    partial(
+                        trio.run_process,
+                        [sys.executable, GUARD_PATH, *launch.argv],
+                        env=env,
+                        start_new_session=True,
+                        stdin=lifeline_r,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        check=False,
+                        deliver_cancel=_stop_group,
+                    )
+                )
+            finally:
+                os.close(lifeline_r)
+            log.info("launched %s (pid %d): %s", name, proc.pid, " ".join(launch.argv))
+            task_status.started(proc)
+            assert proc.stdout is not None
+            forwarded = trio.Event()
 
-        async def forward(stdout: trio.abc.ReceiveStream) -> None:
-            await _forward(stdout, name, tail)
-            forwarded.set()
+            async def forward(stdout: trio.abc.ReceiveStream) -> None:
+                await _forward(stdout, name, tail)
+                forwarded.set()
 
-        nursery.start_soon(forward, proc.stdout)
-        # Exit is detected from the process itself (a pidfd on Linux), not from the log pipe:
-        # vLLM's EngineCore child inherits stdout and can hold it open after its parent died.
-        code = await proc.wait()
-        _killpg(proc.pid, signal.SIGKILL)  # the group's leftovers; this also closes the pipe
-        if on_exit is not None:
-            on_exit(EngineExited(name, code, list(tail)))
-        with trio.move_on_after(LOG_DRAIN_S):
-            await forwarded.wait()
-        nursery.cancel_scope.cancel()
+            nursery.start_soon(forward, proc.stdout)
+            # Exit is detected from the process itself (a pidfd on Linux), not from the log
+            # pipe: vLLM's EngineCore child inherits stdout and can hold it open after its
+            # parent died.
+            code = await proc.wait()
+            _killpg(proc.pid, signal.SIGKILL)  # the group's leftovers; closes the pipe too
+            if on_exit is not None:
+                on_exit(EngineExited(name, code, list(tail)))
+            with trio.move_on_after(LOG_DRAIN_S):
+                await forwarded.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        os.close(lifeline_w)
     # raised outside the nursery so callers can catch it bare, not inside an ExceptionGroup
     raise EngineExited(name, code, list(tail))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["alive", "descendants"]
+__all__ = ["alive", "descendants", "engine_pids"]
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -42,3 +42,17 @@ def alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     st = _stat(pid)
     return st is not None and st[0] != "Z"
+
+
+def _runs_guard(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return len(argv) > 1 and argv[1].endswith(b"guard.py")
+
+
+def engine_pids(root: int) -> set[int]:
+    """:func:`descendants` of ``root`` without the engine guards (``serve/guard.py``): the
+    engine processes themselves and their children."""
+    return {pid for pid in descendants(root) if not _runs_guard(pid)}

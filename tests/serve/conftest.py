@@ -11,9 +11,16 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from smg_trio.testing.procs import alive, descendants
+from smg_trio.testing.procs import alive, descendants, engine_pids
 
-__all__ = ["alive", "descendants", "free_port", "random_worker_base_port", "wait_all_gone"]
+__all__ = [
+    "alive",
+    "descendants",
+    "engine_pids",
+    "free_port",
+    "random_worker_base_port",
+    "wait_all_gone",
+]
 
 
 def free_port() -> int:

@@ -19,7 +19,7 @@ import pytest
 import trio
 import trio.testing
 
-from .conftest import descendants, random_worker_base_port, wait_all_gone
+from .conftest import engine_pids, random_worker_base_port, wait_all_gone
 
 httpx = pytest.importorskip("httpx")
 
@@ -67,7 +67,7 @@ async def test_engine_sigkill_fails_inflight_stream_from_process_exit(sock_dir: 
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             handle: ServeHandle = await nursery.start(serve, _config(sock_dir))
-            engines = descendants(os.getpid())
+            engines = engine_pids(os.getpid())
             assert len(engines) == 1, engines
             (engine_pid,) = engines
             body = {
@@ -109,7 +109,7 @@ async def test_engine_sigkill_fails_inflight_stream_from_process_exit(sock_dir: 
                     # polled over HTTP, as an orchestrator's readiness probe would
                     while (await client.get("/readiness")).status_code != 200:  # noqa: ASYNC110
                         await trio.sleep(0.05)
-                restarted = descendants(os.getpid())
+                restarted = engine_pids(os.getpid())
                 assert restarted, "no engine was relaunched"
                 assert engine_pid not in restarted
                 reply = await client.post(
@@ -150,7 +150,7 @@ async def test_stalled_engine_is_stopped_and_relaunched(sock_dir: str) -> None:
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             handle: ServeHandle = await nursery.start(serve, config)
-            (engine_pid,) = descendants(os.getpid())
+            (engine_pid,) = engine_pids(os.getpid())
             body = {
                 "model": "mock-tiny",
                 "messages": [{"role": "user", "content": "hi"}],
@@ -166,7 +166,7 @@ async def test_stalled_engine_is_stopped_and_relaunched(sock_dir: str) -> None:
                     # polled over HTTP, as an orchestrator's readiness probe would
                     while (await client.get("/readiness")).status_code != 200:  # noqa: ASYNC110
                         await trio.sleep(0.05)
-                relaunched = descendants(os.getpid())
+                relaunched = engine_pids(os.getpid())
                 assert relaunched
                 assert engine_pid not in relaunched
                 ok = await client.post("/v1/chat/completions", json={**body, "max_tokens": 4})

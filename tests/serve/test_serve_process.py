@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from .conftest import descendants, free_port, random_worker_base_port, wait_all_gone
+from .conftest import (
+    alive,
+    descendants,
+    engine_pids,
+    free_port,
+    random_worker_base_port,
+    wait_all_gone,
+)
 
 pytest.importorskip("smg_trio.gateway.app", reason="the HTTP app has not landed yet")
 openai = pytest.importorskip("openai")
@@ -113,3 +120,38 @@ async def test_serve_engine_startup_failure_exits_nonzero(sock_dir: str, tmp_pat
     err = result.stderr.decode(errors="replace")
     assert result.returncode == 1, err[-4000:]
     assert "exited with code 2" in err
+
+
+async def test_serve_sigkill_leaves_no_engine_behind(sock_dir: str, tmp_path: Path) -> None:
+    """``serve`` killed with SIGKILL runs no cleanup of its own, yet each engine's guard sees
+    its lifeline pipe close and stops the engine's process group."""
+    port = free_port()
+    env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
+    argv = [
+        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock",
+        "--port", str(port), "--worker-base-port", str(random_worker_base_port()),
+        "--dp-size", "2",
+    ]  # fmt: skip
+    with (tmp_path / "serve.stderr").open("wb") as stderr:
+        proc = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
+        )
+    children: set[int] = set()
+    try:
+        assert proc.stdout is not None
+        with trio.fail_after(60):
+            await _read_until_ready(proc.stdout)
+        children = descendants(proc.pid)
+        assert len(engine_pids(proc.pid)) >= 2, children
+        proc.kill()
+        with trio.fail_after(10):
+            await proc.wait()
+        # the guards' stop grace is 10 s; the mock engine exits on SIGTERM at once
+        assert await wait_all_gone(children, timeout_s=15) == set(), "engines outlived serve"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for pid in children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
