@@ -220,6 +220,7 @@ async def serve_http(
         finally:
             # Stopping: a write blocked on a client that stopped reading would hold its
             # connection, and so the server, open for as long as that client stays connected.
-            stuck = hypercorn_close.close_blocked_writes()
+            with trio.CancelScope(shield=True):  # bounded by BLOCKED_WRITE_GRACE_S
+                stuck = await hypercorn_close.close_blocked_writes()
             if stuck:
                 log.warning("closed %d connection(s) whose client stopped reading", stuck)

@@ -30,13 +30,15 @@ from typing import Any, Final
 import trio
 from hypercorn.trio.tcp_server import TCPServer
 
-__all__ = ["CLOSE_LOCK_WAIT_S", "close_blocked_writes", "install"]
+__all__ = ["BLOCKED_WRITE_GRACE_S", "CLOSE_LOCK_WAIT_S", "close_blocked_writes", "install"]
 
 log = logging.getLogger(__name__)
 
 #: How long closing a connection waits for an in-progress write. A write to a client that is
 #: reading finishes in microseconds; one that is still blocked after this is stuck.
 CLOSE_LOCK_WAIT_S: Final = 1.0
+#: How long a stopping server lets in-progress writes finish before it closes their sockets.
+BLOCKED_WRITE_GRACE_S: Final = 0.5
 
 _MARK = "_smg_trio_close_under_send_lock"
 #: Set on a connection while its close holds the send lock (that holder is not a stuck write).
@@ -45,16 +47,30 @@ _CLOSING = "_smg_trio_closing"
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def close_blocked_writes() -> int:
-    """Close the socket of every connection whose write is in progress (its send lock is
-    held); the write then fails with ``ClosedResourceError`` and the connection unwinds.
-    Called when the server is stopping. Returns how many connections were closed."""
+def _busy(server: Any) -> bool:
+    """Whether a write (not the connection's own close) holds ``server``'s send lock."""
+    lock = getattr(server, "send_lock", None)
+    return isinstance(lock, trio.Lock) and lock.locked() and not getattr(server, _CLOSING, False)
+
+
+async def close_blocked_writes(grace_s: float = BLOCKED_WRITE_GRACE_S) -> int:
+    """Close the socket of every connection whose write is still in progress after
+    ``grace_s`` seconds (its client stopped reading); the write then fails with
+    ``ClosedResourceError`` and the connection unwinds. A write that merely happens to be in
+    progress finishes within the grace and is left alone. Called, shielded, when the server is
+    stopping. Returns how many connections were closed."""
+    busy = [server for server in list(_LIVE) if _busy(server)]
+    if not busy:
+        return 0
+    with trio.move_on_after(grace_s):
+        for server in busy:
+            lock: trio.Lock = server.send_lock
+            await lock.acquire()  # FIFO: the write in progress finishes first
+            lock.release()
     closed = 0
-    for server in list(_LIVE):
-        lock = getattr(server, "send_lock", None)
+    for server in busy:
         sock = getattr(getattr(server, "stream", None), "socket", None)
-        closing = getattr(server, _CLOSING, False)  # the holder is the close itself
-        if isinstance(lock, trio.Lock) and lock.locked() and not closing and sock is not None:
+        if _busy(server) and sock is not None:
             sock.close()  # notify_closing wakes the blocked sender
             closed += 1
     return closed

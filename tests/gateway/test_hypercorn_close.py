@@ -1,5 +1,6 @@
-"""``close_blocked_writes`` counts and closes only connections whose send lock is held by a
-write, not by the connection's own close (which would log a misleading warning)."""
+"""``close_blocked_writes`` closes only connections whose write is still blocked after the
+grace period: not a write that finishes within it, and not a connection whose own close holds
+the send lock (either would log a misleading warning)."""
 
 from __future__ import annotations
 
@@ -28,18 +29,36 @@ class _Server:
     stream: _Stream = attrs.Factory(_Stream)
 
 
+async def _hold(lock: trio.Lock, until: trio.Event, task_status: trio.TaskStatus[None]) -> None:
+    async with lock:
+        task_status.started()
+        await until.wait()
+
+
+async def _set(event: trio.Event) -> None:
+    event.set()
+
+
 async def test_only_stuck_writes_are_closed() -> None:
-    writing, closing, idle = _Server(), _Server(), _Server()
-    writing.send_lock.acquire_nowait()
-    closing.send_lock.acquire_nowait()
+    stuck, finishing, closing, idle = _Server(), _Server(), _Server(), _Server()
+    never, soon = trio.Event(), trio.Event()
     setattr(closing, hypercorn_close._CLOSING, True)
-    for server in (writing, closing, idle):
-        hypercorn_close._LIVE.add(server)
-    try:
-        assert hypercorn_close.close_blocked_writes() == 1
-        assert writing.stream.socket.closed
-        assert not closing.stream.socket.closed
-        assert not idle.stream.socket.closed
-    finally:
-        for server in (writing, closing, idle):
-            hypercorn_close._LIVE.discard(server)
+    servers = (stuck, finishing, closing, idle)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(_hold, stuck.send_lock, never)
+            await nursery.start(_hold, finishing.send_lock, soon)
+            await nursery.start(_hold, closing.send_lock, never)
+            nursery.start_soon(_set, soon)  # this write ends within the grace
+            for server in servers:
+                hypercorn_close._LIVE.add(server)
+            try:
+                assert await hypercorn_close.close_blocked_writes(grace_s=0.2) == 1
+            finally:
+                for server in servers:
+                    hypercorn_close._LIVE.discard(server)
+            nursery.cancel_scope.cancel()
+    assert stuck.stream.socket.closed
+    assert not finishing.stream.socket.closed
+    assert not closing.stream.socket.closed
+    assert not idle.stream.socket.closed
