@@ -41,12 +41,10 @@ def _wait_gone(pids: set[int], timeout_s: float) -> set[int]:
     return {p for p in pids if alive(p)}
 
 
-def test_serve_backend_vllm_launches_engine_and_serves_chat(
-    tiny_model: Path, tmp_path: Path
-) -> None:
-    require_e2e(vllm_missing_reason())
+def _start_serve(tiny_model: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``serve --backend vllm`` on a free port, logging to ``log_path``; returns it and its
+    port."""
     port = free_port()
-    log_path = tmp_path / "serve.log"
     sock_dir = tempfile.mkdtemp(prefix="smg-")
     env = vllm_engine_env()  # the engine inherits serve's environment
     env["SMG_ZMQ_SOCKET_DIR"] = sock_dir
@@ -61,6 +59,15 @@ def test_serve_backend_vllm_launches_engine_and_serves_chat(
     ]  # fmt: skip
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return proc, port
+
+
+def test_serve_backend_vllm_launches_engine_and_serves_chat(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    require_e2e(vllm_missing_reason())
+    log_path = tmp_path / "serve.log"
+    proc, port = _start_serve(tiny_model, log_path)
     children: set[int] = set()
     try:
         base = f"http://127.0.0.1:{port}"
@@ -121,5 +128,34 @@ def test_serve_backend_vllm_launches_engine_and_serves_chat(
             proc.kill()
             proc.wait()
         for pid in children | descendants(proc.pid):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_serve_sigkill_stops_the_real_engine(tiny_model: Path, tmp_path: Path) -> None:
+    """``serve`` SIGKILLed (no cleanup of its own runs): the engine's guard stops the real
+    vLLM engine's process group (the launcher and its EngineCore child)."""
+    require_e2e(vllm_missing_reason())
+    log_path = tmp_path / "serve.log"
+    proc, port = _start_serve(tiny_model, log_path)
+    children: set[int] = set()
+    try:
+        wait_http(
+            f"http://127.0.0.1:{port}/readiness",
+            proc,
+            log_path,
+            timeout=ENGINE_STARTUP_S,
+            what="serve --backend vllm",
+        )
+        children = descendants(proc.pid)
+        assert len(children) >= 2, children  # guard, vLLM launcher (and its EngineCore)
+        proc.kill()
+        proc.wait(10)
+        assert _wait_gone(children, SHUTDOWN_S) == set(), "engine processes outlived serve"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in children:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
