@@ -14,7 +14,7 @@ from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
-from smg_trio.gateway import hypercorn_close
+from smg_trio.gateway import hypercorn_close, hypercorn_errors
 from smg_trio.gateway.asgi_shield import ShieldedFinish
 from smg_trio.gateway.backend import GatewayBackend
 from smg_trio.gateway.call import JSON_TYPE, Gateway, RequestCall, json_response
@@ -197,6 +197,7 @@ async def serve_http(
     to finish. Hypercorn logs through the ``hypercorn.error`` logger; no access log.
     """
     hypercorn_close.install()
+    hypercorn_errors.install()
     cfg = HyperConfig()
     cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     cfg.accesslog = None

@@ -142,3 +142,36 @@ async def test_rejection_racing_a_protocol_error_never_takes_the_server_down(
                 await trio.testing.wait_all_tasks_blocked()
             resp = await h.http.get("/v1/models")
         assert resp.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400),
+        (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431),
+    ],
+    ids=["request-line", "content-length", "headers-too-large"],
+)
+async def test_unparseable_http_gets_the_error_envelope(
+    harness: HarnessFactory, raw: bytes, status: int
+) -> None:
+    """What hypercorn answers before the app runs (h11 cannot parse the request) is still a
+    JSON OpenAI envelope, and the connection is closed."""
+    async with harness() as h:
+        url = httpx.URL(h.base_url)
+        assert url.host is not None
+        assert url.port is not None
+        with trio.fail_after(ANSWER_S):
+            async with await trio.open_tcp_stream(url.host, url.port) as stream:
+                await stream.send_all(raw)
+                data = b""
+                while chunk := await stream.receive_some(65536):
+                    data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(f"HTTP/1.1 {status}".encode()), head
+        assert b"content-type: application/json" in head.lower()
+        err = json.loads(body)["error"]
+        assert set(err) == {"message", "type", "param", "code"}
+        assert err["code"] == "invalid_http_request"
+        assert err["type"] == "invalid_request_error"
