@@ -13,6 +13,7 @@ import signal
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -348,33 +349,40 @@ async def _run_gateway(config: Any) -> None:
     from smg_trio.serve import ServeHandle, serve
 
     handle: ServeHandle | None = None
+    force_stop = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
+        # The signal watcher outlives serve's own stop (engines get up to 10 s to exit), so a
+        # second signal is still heard while engines stop.
+        async with trio.open_nursery() as watcher:
+            async with trio.open_nursery() as nursery:
 
-            async def drain_then_stop(drain_scope: trio.CancelScope) -> None:
-                with drain_scope:
-                    if handle is not None:
-                        await handle.drain(config.shutdown_grace_period_s)
-                nursery.cancel_scope.cancel()
+                async def drain_then_stop(drain_scope: trio.CancelScope) -> None:
+                    with drain_scope:
+                        if handle is not None:
+                            await handle.drain(config.shutdown_grace_period_s)
+                    nursery.cancel_scope.cancel()
 
-            async def on_signal() -> None:
-                # Watched from the start: a signal during a slow engine startup stops at once.
-                # The first SIGINT/SIGTERM drains; another one skips what is left of the drain.
-                drain_scope: trio.CancelScope | None = None
-                async for signum in signals:
-                    name = signal.Signals(signum).name
-                    if drain_scope is None:
-                        log.info("received %s: draining (send it again to stop now)", name)
-                        drain_scope = trio.CancelScope()
-                        nursery.start_soon(drain_then_stop, drain_scope)
-                    else:
-                        log.info("received %s again: stopping now", name)
-                        drain_scope.cancel()
+                async def on_signal() -> None:
+                    # Watched from the start: a signal during a slow engine startup stops at
+                    # once. The first SIGINT/SIGTERM drains; another one stops now: it skips
+                    # what is left of the drain and SIGKILLs the engines without their grace.
+                    drain_scope: trio.CancelScope | None = None
+                    async for signum in signals:
+                        name = signal.Signals(signum).name
+                        if drain_scope is None:
+                            log.info("received %s: draining (send it again to stop now)", name)
+                            drain_scope = trio.CancelScope()
+                            nursery.start_soon(drain_then_stop, drain_scope)
+                        else:
+                            log.info("received %s again: stopping now", name)
+                            drain_scope.cancel()
+                            force_stop.set()
 
-            nursery.start_soon(on_signal)
-            handle = await nursery.start(serve, config)
-            print(f"smg_trio ready on {handle.base_url} (models: "
-                  f"{', '.join(m.model_id for m in handle.manager.list_models())})", flush=True)  # fmt: skip
+                watcher.start_soon(on_signal)
+                handle = await nursery.start(partial(serve, config, force_stop=force_stop))
+                print(f"smg_trio ready on {handle.base_url} (models: "
+                      f"{', '.join(m.model_id for m in handle.manager.list_models())})", flush=True)  # fmt: skip
+            watcher.cancel_scope.cancel()  # serve has stopped
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -117,6 +117,7 @@ async def _supervise_engine(
     on_exit: Callable[[EngineExited], None],
     registered: set[str],
     run: _EngineRun | None = None,
+    force_stop: trio.Event | None = None,
 ) -> None:
     """Run one launched engine; restart it when it exits after its worker registered (with
     backoff, at most :data:`ENGINE_RESTART_LIMIT` times per window). An exit before
@@ -135,7 +136,7 @@ async def _supervise_engine(
         try:
             with trio.CancelScope() as scope:
                 run.scope, run.alive = scope, True
-                await run_engine_process(launch, name=name, on_exit=exited)
+                await run_engine_process(launch, name=name, on_exit=exited, force_stop=force_stop)
             run.alive = False
             raise EngineExited(name, -1, ["stopped by smg_trio: its engine client died"])
         except EngineExited as exc:
@@ -185,13 +186,16 @@ async def _stop_unresponsive_engine(worker: WorkerState, run: _EngineRun) -> Non
 async def serve(
     config: GatewayConfig,
     *,
+    force_stop: trio.Event | None = None,
     task_status: trio.TaskStatus[ServeHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway (and, with ``config.engines``, its engines) until cancelled.
 
     ``await nursery.start(serve, config)`` returns a :class:`ServeHandle` once the HTTP
     listener is bound and every configured worker registered. Cancelling the nursery stops the
-    server, cancels every worker's nursery and stops engine process groups (no orphans).
+    server, cancels every worker's nursery and stops engine process groups (no orphans): each
+    gets SIGTERM, then SIGKILL after ``ENGINE_STOP_GRACE_S`` seconds, or at once once
+    ``force_stop`` is set (the CLI sets it on a second signal).
     Raises ``EngineExited`` if a launched engine dies before its worker registered, and
     ``SmgError`` if a worker fails to register.
     """
@@ -219,7 +223,9 @@ async def serve(
                 manager.kill_worker_client(url, str(exc))
 
             runs[url] = _EngineRun()
-            nursery.start_soon(_supervise_engine, launch, url, on_exit, registered, runs[url])
+            nursery.start_soon(
+                _supervise_engine, launch, url, on_exit, registered, runs[url], force_stop
+            )
             specs.append(
                 WorkerSpec(
                     url=url,

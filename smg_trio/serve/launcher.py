@@ -49,13 +49,25 @@ def _killpg(pid: int, sig: int) -> None:
         pass
 
 
-async def _stop_group(proc: trio.Process) -> None:
-    """``deliver_cancel`` for ``run_process``: SIGTERM the process group, then SIGKILL it.
-    SIGCONT follows SIGTERM so that a stopped (SIGSTOPped, stalled) engine acts on it."""
+async def _stop_group(proc: trio.Process, force: trio.Event | None = None) -> None:
+    """``deliver_cancel`` for ``run_process``: SIGTERM the process group, then SIGKILL it
+    after ``ENGINE_STOP_GRACE_S``, or as soon as ``force`` is set. SIGCONT follows SIGTERM so
+    that a stopped (SIGSTOPped, stalled) engine acts on it."""
     _killpg(proc.pid, signal.SIGTERM)
     _killpg(proc.pid, signal.SIGCONT)
     with trio.move_on_after(ENGINE_STOP_GRACE_S):
-        await proc.wait()
+        if force is None:
+            await proc.wait()
+        else:
+            async with trio.open_nursery() as nursery:
+
+                async def forced() -> None:
+                    await force.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(forced)
+                await proc.wait()
+                nursery.cancel_scope.cancel()
     _killpg(proc.pid, signal.SIGKILL)
 
 
@@ -78,12 +90,13 @@ async def run_engine_process(
     *,
     name: str,
     on_exit: Callable[[EngineExited], None] | None = None,
+    force_stop: trio.Event | None = None,
     task_status: trio.TaskStatus[trio.Process] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one engine in its own process group until cancelled.
 
-    Cancellation stops the whole group (SIGTERM, then SIGKILL after ``ENGINE_STOP_GRACE_S``),
-    so no orphan survives. The engine runs under a guard (:mod:`smg_trio.serve.guard`) that
+    Cancellation stops the whole group (SIGTERM, then SIGKILL after ``ENGINE_STOP_GRACE_S``,
+    or at once when ``force_stop`` is set), so no orphan survives. The engine runs under a guard (:mod:`smg_trio.serve.guard`) that
     stops the group if this process dies without cleaning up (SIGKILL, OOM kill). If the engine
     exits by itself, ``on_exit`` is called as soon as the process is reaped (the caller fails
     the worker's in-flight requests), the rest of the group is killed, and
@@ -108,7 +121,7 @@ async def run_engine_process(
                         stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT,
                         check=False,
-                        deliver_cancel=_stop_group,
+                        deliver_cancel=partial(_stop_group, force=force_stop),
                     )
                 )
             finally:

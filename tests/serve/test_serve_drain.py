@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from .conftest import descendants, free_port, random_worker_base_port, wait_all_gone
+from smg_trio.serve.launcher import ENGINE_STOP_GRACE_S
+
+from .conftest import alive, descendants, free_port, random_worker_base_port, wait_all_gone
 
 httpx = pytest.importorskip("httpx")
 
@@ -26,13 +28,15 @@ pytestmark = pytest.mark.slow
 GRACE_S = 1.0
 
 
-async def _start(sock_dir: str, tmp_path: Path, grace_s: float) -> tuple[trio.Process, str]:
+async def _start(
+    sock_dir: str, tmp_path: Path, grace_s: float, *serve_args: str
+) -> tuple[trio.Process, str]:
     port = free_port()
     env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
     argv = [
         sys.executable, "-m", "smg_trio", "serve", "--backend", "mock",
         "--port", str(port), "--worker-base-port", str(random_worker_base_port()),
-        "--shutdown-grace-period-secs", str(grace_s), "--", "--step-ms", "20",
+        "--shutdown-grace-period-secs", str(grace_s), *serve_args, "--", "--step-ms", "20",
     ]  # fmt: skip
     with (tmp_path / "serve.stderr").open("wb") as stderr:
         proc = await trio.lowlevel.open_process(
@@ -150,6 +154,56 @@ async def test_second_signal_skips_the_drain_and_exits_zero(sock_dir: str, tmp_p
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+#: An engine interpreter that ignores SIGTERM for good (it runs ``python -m MODULE ...``).
+_DEAF_ENGINE = """\
+import runpy, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+_real = signal.signal
+signal.signal = lambda s, h: signal.SIG_IGN if s == signal.SIGTERM else _real(s, h)
+sys.argv = sys.argv[2:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+async def test_second_signal_while_engines_stop_kills_them_at_once(
+    sock_dir: str, tmp_path: Path
+) -> None:
+    """The drain is over and serve is stopping an engine that ignores SIGTERM (up to
+    ENGINE_STOP_GRACE_S before SIGKILL): a second signal is still heard, the engine is
+    SIGKILLed at once, and serve exits 0."""
+    script = tmp_path / "deaf_engine.py"
+    script.write_text(_DEAF_ENGINE)
+    wrapper = tmp_path / "deaf-python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n')
+    wrapper.chmod(0o755)
+    proc, base = await _start(sock_dir, tmp_path, 5.0, "--engine-python", str(wrapper))
+    children = descendants(proc.pid)
+    try:
+        with trio.fail_after(30):
+            proc.send_signal(signal.SIGTERM)  # nothing in flight: the drain ends at once
+            async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+                while True:  # the listener closes when serve starts stopping its engines
+                    try:
+                        await client.get("/liveness")
+                    except httpx.TransportError:
+                        break
+            stopping_at = trio.current_time()
+            proc.send_signal(signal.SIGTERM)
+            code = await proc.wait()
+        log = (tmp_path / "serve.stderr").read_text(errors="replace")
+        assert code == 0, log[-3000:]
+        assert "stopping now" in log, log[-3000:]
+        assert trio.current_time() - stopping_at < ENGINE_STOP_GRACE_S
+        assert await wait_all_gone(children) == set()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for pid in children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 async def test_client_that_stops_reading_does_not_hold_shutdown(
