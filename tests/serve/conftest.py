@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import signal
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ __all__ = [
     "descendants",
     "engine_pids",
     "free_port",
+    "kill_leftovers",
     "random_worker_base_port",
     "wait_all_gone",
 ]
@@ -41,6 +44,16 @@ async def wait_all_gone(pids: set[int], timeout_s: float = 5.0) -> set[int]:
         while any(alive(p) for p in pids):  # noqa: ASYNC110 (polling /proc)
             await trio.sleep(0.05)
     return {p for p in pids if alive(p)}
+
+
+async def kill_leftovers(proc: trio.Process, pids: set[int]) -> None:
+    """Test cleanup: kill ``proc`` if it still runs, and every pid of ``pids`` still alive."""
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -18,7 +18,13 @@ import trio
 
 from smg_trio.serve.launcher import ENGINE_STOP_GRACE_S
 
-from .conftest import alive, descendants, free_port, random_worker_base_port, wait_all_gone
+from .conftest import (
+    descendants,
+    free_port,
+    kill_leftovers,
+    random_worker_base_port,
+    wait_all_gone,
+)
 
 httpx = pytest.importorskip("httpx")
 
@@ -198,12 +204,7 @@ async def test_second_signal_while_engines_stop_kills_them_at_once(
         assert trio.current_time() - stopping_at < ENGINE_STOP_GRACE_S
         assert await wait_all_gone(children) == set()
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        for pid in children:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        await kill_leftovers(proc, children)
 
 
 async def test_client_that_stops_reading_does_not_hold_shutdown(

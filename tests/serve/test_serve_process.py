@@ -13,10 +13,10 @@ import pytest
 import trio
 
 from .conftest import (
-    alive,
     descendants,
     engine_pids,
     free_port,
+    kill_leftovers,
     random_worker_base_port,
     wait_all_gone,
 )
@@ -149,9 +149,4 @@ async def test_serve_sigkill_leaves_no_engine_behind(sock_dir: str, tmp_path: Pa
         # the guards' stop grace is 10 s; the mock engine exits on SIGTERM at once
         assert await wait_all_gone(children, timeout_s=15) == set(), "engines outlived serve"
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        for pid in children:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        await kill_leftovers(proc, children)
