@@ -13,14 +13,16 @@ import attrs
 import trio
 
 from smg_trio.connector.client import EngineClient
+from smg_trio.connector.stream import RequestStream
 from smg_trio.errors import RequestStreamClosed
 from smg_trio.gateway.errors import EngineRequestFailed
 from smg_trio.gateway.schemas import Usage
 from smg_trio.gateway.textgen import ChoicePipeline, TextDelta
-from smg_trio.protocol.types import GenerateRequest
+from smg_trio.protocol.types import EngineOutput, GenerateRequest
 
 __all__ = [
     "usage_of",
+    "take_outputs",
     "SEED_MODULUS",
     "SubRequest",
     "derive_seed",
@@ -60,34 +62,67 @@ OnDelta = Callable[[SubRequest, TextDelta], None]
 OnBatch = Callable[[], None]
 
 
+def take_outputs(stream: RequestStream) -> list[EngineOutput]:
+    """Every output pending on ``stream`` (possibly none); not a checkpoint. Raises
+    :class:`EngineRequestFailed` when the stream ended without a terminal output, and the
+    stream's own error (``EngineDeadError``...) when it failed."""
+    try:
+        return stream.receive_nowait()
+    except RequestStreamClosed:
+        raise EngineRequestFailed(
+            "the engine ended the request without finishing it", "engine_aborted"
+        ) from None
+
+
 async def drive(
     client: EngineClient, sub: SubRequest, on_delta: OnDelta, on_batch: OnBatch
 ) -> None:
     """Run one sub-request to its finish. A stop string ends the block at once, so the
     connector ABORTs the engine request; so does any exception or cancellation.
 
+    The outputs are processed by the engine output loop as they arrive (``on_batch`` and
+    ``on_delta`` run there and must not block); this task only wakes up at the end.
+
     Raises :class:`EngineRequestFailed` (engine error/abort finish or an out-of-band end),
     ``EngineDeadError``, and whatever ``client.generate`` raises before sending.
     """
     pipeline = sub.pipeline
     async with client.generate(sub.request) as stream:
-        while not pipeline.done:
+        done = trio.Event()
+        failure: list[Exception] = []
+
+        def on_ready() -> None:
+            if done.is_set():
+                return
             try:
-                outputs = await stream.receive_some()
-            except RequestStreamClosed:
-                raise EngineRequestFailed(
-                    "the engine ended the request without finishing it", "engine_aborted"
-                ) from None
-            if not outputs:
-                raise EngineRequestFailed(
-                    "the engine stream ended without a finish", "engine_aborted"
-                )
-            on_batch()
-            delta = pipeline.feed(outputs)
-            if delta is not None:
-                on_delta(sub, delta)
-            if pipeline.failure is not None:
-                raise pipeline.failure
+                outputs = take_outputs(stream)
+                if not outputs:
+                    if stream.finished:  # the terminal output came and went, no finish
+                        raise EngineRequestFailed(
+                            "the engine stream ended without a finish", "engine_aborted"
+                        )
+                    return
+                on_batch()
+                delta = pipeline.feed(outputs)
+                if delta is not None:
+                    on_delta(sub, delta)
+                if pipeline.failure is not None:
+                    raise pipeline.failure
+            except Exception as exc:
+                failure.append(exc)
+                done.set()
+                return
+            if pipeline.done:
+                done.set()
+
+        stream.set_waker(on_ready)
+        try:
+            on_ready()  # what arrived before the waker was set
+            await done.wait()
+        finally:
+            stream.set_waker(None)
+        if failure:
+            raise failure[0]
 
 
 async def run_all(

@@ -28,7 +28,7 @@ from smg_trio.errors import RequestStreamClosed
 from smg_trio.gateway.call import SSE_HEADERS, RequestCall
 from smg_trio.gateway.direct import DirectSocket
 from smg_trio.gateway.errors import EngineRequestFailed, ErrorBody, to_api_error
-from smg_trio.gateway.fanout import SubRequest, drive
+from smg_trio.gateway.fanout import SubRequest, drive, take_outputs
 from smg_trio.gateway.schemas import Usage
 from smg_trio.gateway.textgen import TextDelta
 
@@ -298,12 +298,7 @@ class StreamBody(ResponseBody):
         sub = self._subs[0]
         pipeline = sub.pipeline
         try:
-            try:
-                outputs = stream.receive_nowait()
-            except RequestStreamClosed:
-                raise EngineRequestFailed(
-                    "the engine ended the request without finishing it", "engine_aborted"
-                ) from None
+            outputs = take_outputs(stream)
             if not outputs:
                 return
             self._call.on_batch()
