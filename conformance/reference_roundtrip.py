@@ -52,6 +52,18 @@ def jsonable(obj: Any) -> Any:
 # --------------------------------------------------------------------------- vLLM
 
 
+def _expected_logprobs(ids: Any, lps: Any, ranks: Any) -> dict[str, Any]:
+    """What our decoder must produce for vLLM logprob arrays ``[positions][1 + k]`` (column 0
+    is the sampled token, the rest its top-k candidates) and ``ranks[positions]``."""
+    return {
+        "token_ids": ids[:, 0].tolist(),
+        "logprobs": lps[:, 0].tolist(),
+        "ranks": ranks.tolist(),
+        "top_token_ids": ids[:, 1:].tolist(),
+        "top_logprobs": lps[:, 1:].tolist(),
+    }
+
+
 def vllm_cases() -> dict[str, Any]:
     """Round trips against vLLM's own ``MsgpackEncoder`` / ``MsgpackDecoder`` (both ways)."""
     import torch
@@ -311,27 +323,9 @@ def vllm_cases() -> dict[str, Any]:
         },
         "decoded": jsonable(batch),
         "expected": {
-            "a": {
-                "token_ids": small_ids[:, 0].tolist(),
-                "logprobs": small_lps[:, 0].tolist(),
-                "ranks": small_ranks.tolist(),
-                "top_token_ids": small_ids[:, 1:].tolist(),
-                "top_logprobs": small_lps[:, 1:].tolist(),
-            },
-            "b": {
-                "token_ids": big_ids[:, 0].tolist(),
-                "logprobs": big_lps[:, 0].tolist(),
-                "ranks": big_ranks.tolist(),
-                "top_token_ids": big_ids[:, 1:].tolist(),
-                "top_logprobs": big_lps[:, 1:].tolist(),
-            },
-            "b_prompt": {
-                "token_ids": prompt_ids[:, 0].tolist(),
-                "logprobs": prompt_lps[:, 0].tolist(),
-                "ranks": prompt_ranks.tolist(),
-                "top_token_ids": prompt_ids[:, 1:].tolist(),
-                "top_logprobs": prompt_lps[:, 1:].tolist(),
-            },
+            "a": _expected_logprobs(small_ids, small_lps, small_ranks),
+            "b": _expected_logprobs(big_ids, big_lps, big_ranks),
+            "b_prompt": _expected_logprobs(prompt_ids, prompt_lps, prompt_ranks),
         },
     }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.vectors import DERIVED_PORTS
+from conformance.vectors import DERIVED_PORTS, PINNED_PORTS
 from smg_trio.errors import WorkerAddressError
 from smg_trio.protocol.addresses import (
     HANDSHAKE_PORT_BASE,
@@ -14,18 +14,9 @@ from smg_trio.protocol.addresses import (
     worker_addresses,
 )
 
-# Pinned by smg's Rust and Python tests (wire-spec section 2.2).
-PINNED = [
-    ("/tmp/smg-zmq/ts0.ipc", 25152),
-    ("/tmp/smg-zmq/engine-31000", 22714),
-    ("ipc:///tmp/smg-zmq/ts0.ipc", 25152),
-    ("ipc:///tmp/smg-zmq/ts1.ipc", 22735),
-    ("ipc:///tmp/smg-zmq/engine-31000", 22714),
-    ("ts0.ipc", 23912),
-]
-
-# Derived in the spec from the same algorithm (not pinned upstream); one copy, shared with the
-# wire conformance runner.
+# Pinned by smg's Rust and Python tests (wire-spec section 2.2), and derived in the spec from
+# the same algorithm (not pinned upstream): one copy each, shared with the conformance runner.
+PINNED = list(PINNED_PORTS)
 DERIVED = list(DERIVED_PORTS)
 
 
