@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from typing import Any
 
@@ -26,7 +25,7 @@ import attrs
 import trio
 
 from smg_trio.codec.msgpack import decode, encoder
-from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
+from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig, run_until_signal
 
 
 class BenchMockEngine(MockEngine):
@@ -80,20 +79,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _serve(engine: MockEngine) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def stop_on_signal() -> None:
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    return
-
-            nursery.start_soon(stop_on_signal)
-            await engine.run()
-            nursery.cancel_scope.cancel()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level)
@@ -106,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine = BenchMockEngine(args.handshake, config)
     engine.answer_utility = args.answer_utility
-    trio.run(_serve, engine)
+    trio.run(run_until_signal, engine)
     return 0
 
 

@@ -28,7 +28,7 @@ from smg_trio.protocol import vllm
 from smg_trio.protocol.handshake import EngineCoreReadyResponse, encode_ready_response
 from smg_trio.transport.engine_side import EngineSockets, dial_frontend
 
-__all__ = ["MockEngine", "MockEngineConfig", "MockRequest", "Plan", "main"]
+__all__ = ["MockEngine", "MockEngineConfig", "MockRequest", "Plan", "main", "run_until_signal"]
 
 log = logging.getLogger(__name__)
 
@@ -554,7 +554,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(engine: MockEngine) -> None:
+async def run_until_signal(engine: MockEngine) -> None:
     """Run ``engine`` until SIGINT/SIGTERM (or until it stops on its own)."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -590,7 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     engine = MockEngine(args.handshake, config)
     log.info("mock %s engine %d dialing %s", config.protocol, config.engine_index, args.handshake)
-    trio.run(_serve, engine)
+    trio.run(run_until_signal, engine)
     return 0
 
 
