@@ -3,11 +3,12 @@
 The body is a Quart ``ResponseBody`` (an async context manager), so the n>1 fan-out nursery is
 opened in ``__aenter__`` and closed in ``__aexit__`` by the task that writes the response: a
 client disconnect cancels that task, which cancels every sub-request (each sends ABORT).
-For n=1 on a plain HTTP/1.1 connection, once the response head is out, the engine output loop
-renders and writes each chunk itself (:mod:`smg_trio.gateway.direct`): no task wake-up per
-chunk. The writer task then only wakes for the end of the stream, an error, or when the socket
-is full; it sends what piled up through ASGI, coalesced, with the usual backpressure. Elsewhere
-(n>1, TLS, HTTP/2) the writer drives the engine stream itself: one wake-up per engine batch.
+For n=1 the engine output loop renders each batch as it arrives, and on a plain HTTP/1.1
+connection, once the response head is out, writes the chunk itself
+(:mod:`smg_trio.gateway.direct`): no task wake-up per chunk. The writer task only wakes for the
+end of the stream, an error, or what could not be written at once (TLS, HTTP/2, HTTP/1.0, a
+full socket); it sends that through ASGI, coalesced, with the usual backpressure. For n>1 each
+sub-request's deltas are rendered into the outbox the same way and the writer sends them.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from quart.wrappers.response import ResponseBody
 
 from smg_trio.connector.client import EngineClient
 from smg_trio.connector.stream import RequestStream
-from smg_trio.errors import RequestStreamClosed
 from smg_trio.gateway.call import SSE_HEADERS, RequestCall
 from smg_trio.gateway.direct import DirectSocket
-from smg_trio.gateway.errors import EngineRequestFailed, ErrorBody, to_api_error
+from smg_trio.gateway.errors import ErrorBody, to_api_error
 from smg_trio.gateway.fanout import SubRequest, drive, take_outputs
 from smg_trio.gateway.schemas import Usage
 from smg_trio.gateway.textgen import TextDelta
@@ -122,11 +122,12 @@ class StreamBody(ResponseBody):
         self._outbox: list[bytes] = []
         self._remaining = len(subs)
         self._lot = trio.lowlevel.ParkingLot()
-        # n == 1 direct mode: the output loop writes to ``_direct`` (see ``_on_ready``).
+        # n == 1: the output loop renders (and, when ``_direct_on``, writes) each batch.
+        self._waker_on = False
         self._direct: DirectSocket | None = None
         self._direct_on = False
         self._raw_tail = b""  # the unwritten tail of a partially written chunk
-        self._final: bytes | None = None  # the last frames, once the choice finished
+        self._ended = False  # the choice finished; its last frames are written or queued
 
     def attach(self, direct: DirectSocket | None) -> None:
         """Offer the connection's :class:`DirectSocket` (``None``: ASGI sends only)."""
@@ -224,49 +225,17 @@ class StreamBody(ResponseBody):
             return pending + error_event(exc) + DONE
 
     async def _next_single(self) -> bytes:
-        sub = self._subs[0]
+        """n == 1: the engine output loop renders every batch (:meth:`_on_ready`) and, once
+        the response head is out on a plain HTTP/1.1 connection, writes it too. This task only
+        wakes for what the output loop hands it: a partial chunk's tail, data that could not be
+        written directly, the end of the choice, or an error."""
         stream = self._stream
         assert stream is not None
-        if self._direct_on:
-            return await self._next_direct()
-        direct = self._direct
-        if direct is not None and direct.chunked():
-            self._direct_on = True
+        if not self._waker_on:
+            self._waker_on = True
+            self._go_direct()
             stream.set_waker(self._on_ready)
-            self._on_ready()  # what arrived while the head was being written
-            return await self._next_direct()
-        pipeline = sub.pipeline
-        render = self._renderer.delta
-        call = self._call
-        while True:
-            try:
-                outputs = await stream.receive_some()
-            except RequestStreamClosed:
-                raise EngineRequestFailed(
-                    "the engine ended the request without finishing it", "engine_aborted"
-                ) from None
-            if not outputs:
-                raise EngineRequestFailed(
-                    "the engine stream ended without a finish", "engine_aborted"
-                )
-            call.on_batch()
-            delta = pipeline.feed(outputs)
-            if pipeline.done:
-                await self._close_generate()  # a gateway-side stop ABORTs the engine here
-                self._state = _DONE
-                data = b"" if delta is None else render(sub, delta)
-                return data + self._renderer.end() + DONE
-            if delta is not None:
-                data = render(sub, delta)
-                if pipeline.failure is not None:  # its text goes out before the error
-                    self._outbox.append(data)
-                    raise pipeline.failure
-                if data:
-                    return data
-
-    async def _next_direct(self) -> bytes:
-        """Wait until the output loop needs this task: a partial chunk's tail to finish, data
-        that could not be written directly, the end of the choice, or an error."""
+            self._on_ready()  # what arrived before the waker was set
         while True:
             if self._raw_tail:
                 tail, self._raw_tail = self._raw_tail, b""
@@ -275,23 +244,29 @@ class StreamBody(ResponseBody):
                 continue
             if self._error is not None:
                 raise self._error
-            if self._final is not None:
+            if self._ended:
                 await self._close_generate()  # a gateway-side stop ABORTs the engine here
                 self._state = _DONE
-                data = b"".join(self._outbox) + self._final
+                data = b"".join(self._outbox)
                 self._outbox.clear()
                 return data
             if self._outbox:
                 data = b"".join(self._outbox)
                 self._outbox.clear()
                 return data
+            self._go_direct()
             await self._lot.park()
+
+    def _go_direct(self) -> None:
+        """Start direct writes once the connection allows them (the head is out, chunked)."""
+        if not self._direct_on and self._direct is not None and self._direct.chunked():
+            self._direct_on = True
 
     def _on_ready(self) -> None:
         """Run by the engine output loop when this stream has outputs (or ended): render
         them and write the chunk to the socket now if that cannot block; else hand it to the
         writer task. Never raises: a failure is stored for the writer task to report."""
-        if self._final is not None or self._error is not None:
+        if self._ended or self._error is not None:
             return
         stream = self._stream
         assert stream is not None
@@ -308,7 +283,7 @@ class StreamBody(ResponseBody):
                 # The last frames go out now too; the writer task only ends the response
                 # (and ABORTs the engine after a gateway-side stop).
                 self._write_or_queue(data + self._renderer.end() + DONE)
-                self._final = b""
+                self._ended = True
                 self._lot.unpark_all()
                 return
             if pipeline.failure is not None:  # its text goes out before the error
@@ -322,9 +297,9 @@ class StreamBody(ResponseBody):
             self._write_or_queue(data)
 
     def _write_or_queue(self, data: bytes) -> None:
-        """Write ``data`` to the socket now if nothing is queued before it and that cannot
-        block; else queue it (or its unwritten tail) and wake the writer task."""
-        if not self._outbox and not self._raw_tail:
+        """Write ``data`` to the socket now if direct writes are on, nothing is queued before
+        it and that cannot block; else queue it (or its unwritten tail) and wake the writer."""
+        if self._direct_on and not self._outbox and not self._raw_tail:
             assert self._direct is not None
             tail = self._direct.try_write(data)
             if tail is not None:

@@ -138,3 +138,25 @@ async def test_disconnect_while_writes_are_direct_aborts_the_engine(
             rid = h.engine.requests[0].request_id
             await h.wait_aborted([rid])
             assert h.client.inflight_count == 0  # retired before the ABORT was sent
+
+
+async def test_without_a_direct_socket_the_stream_is_the_same(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where direct writes are not possible (TLS, HTTP/2, HTTP/1.0: no ``DirectSocket``),
+    every frame goes through ASGI and the client sees the same stream."""
+    monkeypatch.setattr(DirectSocket, "of", classmethod(lambda cls, send: None))
+    words = [f"w{i} " for i in range(20)]
+    steps = steps_of(tok, *words)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps) as h:
+            resp, events = await h.stream(
+                "/v1/chat/completions",
+                chat(400, stream_options={"include_usage": True}),
+            )
+            assert resp.status_code == 200
+            assert h.client.inflight_count == 0
+    assert content_of(events) == "".join(words)
+    assert events[-1] == "[DONE]"
+    assert events.count("[DONE]") == 1
+    assert events[-2]["usage"]["completion_tokens"] == sum(map(len, steps))
