@@ -89,9 +89,10 @@ async def drive(
     pipeline = sub.pipeline
     async with client.generate(sub.request) as stream:
         done = trio.Event()
-        failure: list[Exception] = []
+        failure: Exception | None = None
 
         def on_ready() -> None:
+            nonlocal failure
             if done.is_set():
                 return
             try:
@@ -109,7 +110,7 @@ async def drive(
                 if pipeline.failure is not None:
                     raise pipeline.failure
             except Exception as exc:
-                failure.append(exc)
+                failure = exc
                 done.set()
                 return
             if pipeline.done:
@@ -121,8 +122,8 @@ async def drive(
             await done.wait()
         finally:
             stream.set_waker(None)
-        if failure:
-            raise failure[0]
+        if failure is not None:
+            raise failure
 
 
 async def run_all(
