@@ -80,50 +80,28 @@ async def drive(
     """Run one sub-request to its finish. A stop string ends the block at once, so the
     connector ABORTs the engine request; so does any exception or cancellation.
 
-    The outputs are processed by the engine output loop as they arrive (``on_batch`` and
-    ``on_delta`` run there and must not block); this task only wakes up at the end.
-
     Raises :class:`EngineRequestFailed` (engine error/abort finish or an out-of-band end),
     ``EngineDeadError``, and whatever ``client.generate`` raises before sending.
     """
     pipeline = sub.pipeline
     async with client.generate(sub.request) as stream:
-        done = trio.Event()
-        failure: Exception | None = None
-
-        def on_ready() -> None:
-            nonlocal failure
-            if done.is_set():
-                return
+        while not pipeline.done:
             try:
-                outputs = take_outputs(stream)
-                if not outputs:
-                    if stream.finished:  # the terminal output came and went, no finish
-                        raise EngineRequestFailed(
-                            "the engine stream ended without a finish", "engine_aborted"
-                        )
-                    return
-                on_batch()
-                delta = pipeline.feed(outputs)
-                if delta is not None:
-                    on_delta(sub, delta)
-                if pipeline.failure is not None:
-                    raise pipeline.failure
-            except Exception as exc:
-                failure = exc
-                done.set()
-                return
-            if pipeline.done:
-                done.set()
-
-        stream.set_waker(on_ready)
-        try:
-            on_ready()  # what arrived before the waker was set
-            await done.wait()
-        finally:
-            stream.set_waker(None)
-        if failure is not None:
-            raise failure
+                outputs = await stream.receive_some()
+            except RequestStreamClosed:
+                raise EngineRequestFailed(
+                    "the engine ended the request without finishing it", "engine_aborted"
+                ) from None
+            if not outputs:
+                raise EngineRequestFailed(
+                    "the engine stream ended without a finish", "engine_aborted"
+                )
+            on_batch()
+            delta = pipeline.feed(outputs)
+            if delta is not None:
+                on_delta(sub, delta)
+            if pipeline.failure is not None:
+                raise pipeline.failure
 
 
 async def run_all(
