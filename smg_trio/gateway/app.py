@@ -6,6 +6,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
+import msgspec
 import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve as hypercorn_serve
@@ -14,6 +15,7 @@ from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
+from smg_trio import __version__
 from smg_trio.gateway import hypercorn_close, hypercorn_errors
 from smg_trio.gateway.asgi_shield import ShieldedFinish
 from smg_trio.gateway.backend import GatewayBackend
@@ -27,6 +29,7 @@ from smg_trio.gateway.fastroute import AsgiRequest, InferenceRoutes
 from smg_trio.gateway.health import health, liveness, readiness
 from smg_trio.gateway.metrics import GatewayMetrics
 from smg_trio.gateway.models import model_detail, model_list
+from smg_trio.gateway.openapi import openapi_document
 from smg_trio.gateway.sse import StreamBody
 from smg_trio.tokenizer import REASONING_PARSERS
 
@@ -75,7 +78,7 @@ def create_app(
 
     Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
     ``GET /v1/models/<id>``, ``GET /health``, ``GET /liveness``, ``GET /readiness``,
-    ``GET /metrics``. Every error is an OpenAI envelope with ``x-request-id``. ``metrics``
+    ``GET /metrics``, ``GET /openapi.json``. Every error is an OpenAI envelope with ``x-request-id``. ``metrics``
     defaults to a fresh :class:`GatewayMetrics` on its own registry. Raises ``ValueError`` for
     an unknown ``config.reasoning_parser``.
     """
@@ -164,6 +167,12 @@ def create_app(
     async def prometheus() -> Response:
         body, content_type = metrics.render()
         return Response(body, status=200, content_type=content_type)
+
+    openapi_body = msgspec.json.encode(openapi_document(version=__version__))  # built once
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        return Response(openapi_body, status=200, content_type=JSON_TYPE)
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
