@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The fuzz lane: schemathesis against `serve --backend mock` (loopback only), then a keyed pass.
+# Fails on any 5xx, any error body outside the OpenAI envelope, any response slower than
+# SMG_TRIO_FUZZ_MAX_RESPONSE_S, a run past its time bound, or a route that takes a missing or
+# wrong key. See docs/security.md ("Fuzz lane"). Usage: bash .ci/fuzz.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+MAX_EXAMPLES="${SMG_TRIO_FUZZ_MAX_EXAMPLES:-100}"   # per operation and phase
+MAX_RESPONSE_S="${SMG_TRIO_FUZZ_MAX_RESPONSE_S:-5}"
+RUN_BOUND_S="${SMG_TRIO_FUZZ_RUN_BOUND_S:-180}"      # wall bound of one schemathesis run
+SEED="${SMG_TRIO_FUZZ_SEED:-$RANDOM$RANDOM}"
+KEY="fuzz-key-$RANDOM$RANDOM"
+ADMIN_KEY="fuzz-admin-$RANDOM$RANDOM"
+t0=$(date +%s)
+
+if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+.venv/bin/pip install -q -e '.[test,fuzz]'
+
+work="$(mktemp -d)"  # 0700: the servers' socket dirs and logs
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# start_server NAME [serve flags...]: serve the mock on 127.0.0.1:<free port>; sets $base.
+# The mock engine runs flat out with a 512-token context, so every generation is short.
+start_server() {
+  local name=$1
+  shift
+  .venv/bin/python -m smg_trio serve --backend mock --host 127.0.0.1 --port 0 \
+    --socket-dir "$work/$name-sock" "$@" -- --step-ms 0 --max-model-len 512 \
+    >"$work/$name.log" 2>&1 &
+  pids+=($!)
+  local pid=$! deadline=$(($(date +%s) + 60))
+  base=""
+  while [ -z "$base" ]; do
+    base=$(grep -o 'smg_trio ready on http://[^ ]*' "$work/$name.log" | sed 's/^smg_trio ready on //') || true
+    if [ -n "$base" ]; then break; fi
+    if ! kill -0 "$pid" 2>/dev/null || [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "fuzz: the $name server did not become ready:" >&2
+      tail -30 "$work/$name.log" >&2
+      exit 1
+    fi
+    sleep 0.2
+  done
+  echo "fuzz: $name server on $base"
+}
+
+failed=()
+
+# run_schemathesis LABEL [schemathesis args...]
+run_schemathesis() {
+  local label=$1
+  shift
+  echo "fuzz: schemathesis ($label), seed $SEED"
+  local rc=0
+  SCHEMATHESIS_HOOKS=fuzz_checks PYTHONPATH=.ci SMG_TRIO_FUZZ_MODEL=mock-tiny \
+    timeout -k 10 "$RUN_BOUND_S" .venv/bin/schemathesis run "$base/openapi.json" \
+    --checks not_a_server_error,openai_error_envelope \
+    --max-response-time "$MAX_RESPONSE_S" --request-timeout 30 \
+    --max-examples "$MAX_EXAMPLES" --seed "$SEED" --workers 2 \
+    --generation-database none \
+    --no-color "$@" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    failed+=("schemathesis $label (rc $rc; 124: the run passed its ${RUN_BOUND_S} s bound)")
+  fi
+}
+
+# Pass 1: no --api-key. The admin API is behind --admin-api-key: its mutating routes are
+# fuzzed without the key (they must answer 401 envelopes), because an accepted worker spec
+# makes the gateway create directories and bind sockets wherever it names (issue 18, item 2).
+start_server open --admin-api-key "$ADMIN_KEY"
+run_schemathesis open
+# (One name filter: schemathesis ORs separate --include-* filters.)
+run_schemathesis admin-reads -H "Authorization: Bearer $ADMIN_KEY" \
+  --include-name-regex '^GET /(workers|get_loads)'
+
+# Pass 2: --api-key (from the environment), which also guards the admin API.
+SMG_TRIO_API_KEY="$KEY" start_server keyed
+if ! PYTHONPATH=.ci timeout -k 5 60 .venv/bin/python .ci/fuzz_auth.py "$base" "$KEY"; then
+  failed+=("keyed pass")
+fi
+
+for name in open keyed; do
+  if grep -q "Traceback" "$work/$name.log"; then
+    echo "fuzz: the $name server logged tracebacks (first 40 lines):"
+    grep -m1 -A40 "Traceback" "$work/$name.log"
+  fi
+done
+echo "fuzz lane: $(($(date +%s) - t0)) s"
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'fuzz lane FAILED: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "fuzz lane: green"
