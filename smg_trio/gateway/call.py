@@ -4,6 +4,7 @@ auth, body parsing, model lookup, the worker lease, responses and metrics."""
 from __future__ import annotations
 
 import hmac
+import itertools
 import logging
 import secrets
 import time
@@ -65,8 +66,9 @@ def _random_id() -> str:
 
 
 class Gateway:
-    """What the handlers share: the backend seam, config, metrics, and the set of engine
-    request ids in flight (a repeated ``x-request-id`` never collides on the engine)."""
+    """What the handlers share: the backend seam, config, metrics, and the source of engine
+    request ids (see :meth:`engine_id`: a repeated ``x-request-id`` never collides on the
+    engine)."""
 
     def __init__(
         self, backend: GatewayBackend, config: GatewayHttpConfig, metrics: GatewayMetrics
@@ -74,7 +76,9 @@ class Gateway:
         self.backend = backend
         self.config = config
         self.metrics = metrics
-        self.active_ids: set[str] = set()
+        # vLLM's convention (0.10+): the engine id is the external id plus a unique suffix.
+        self._id_nonce = secrets.token_hex(3)
+        self._id_seq = itertools.count()
         self._api_key = None if config.api_key is None else config.api_key.encode()
 
     def request_id(self, request: Request | AsgiRequest) -> str:
@@ -121,20 +125,24 @@ class Gateway:
         return served
 
     def engine_id(self, response_id: str) -> str:
-        """``response_id``, made unique among requests in flight, and reserved."""
-        rid = response_id
-        while rid in self.active_ids:
-            rid = f"{response_id}-{secrets.token_hex(3)}"
-        self.active_ids.add(rid)
-        return rid
+        """The engine id base ``f"{response_id}-{token}"``, unique whatever clients send.
+
+        ``token`` is ``{nonce}_{seq}``: this gateway's random nonce and a sequence number that
+        is never reused, so it has no ``-`` and is never all digits. Sub-requests append
+        ``-{index}`` (:func:`~smg_trio.gateway.fanout.sub_request_id`). The token is then
+        recoverable from any wire id (the last ``-`` component, or the one before it when the
+        last is all digits), so two requests never share a wire id, however their client ids
+        look (``1`` and ``1-0``, one id from many clients, ids shaped like sub-request ids).
+        The nonce keeps gateways that share an engine apart.
+        """
+        return f"{response_id}-{self._id_nonce}_{next(self._id_seq)}"
 
 
 class RequestCall:
     """One HTTP request's lifetime: ids, timing, lease and the final metrics record.
 
     :meth:`close` runs exactly once (the handler's ``finally`` for JSON responses, the
-    stream body's exit for SSE): it releases the lease and the engine id and records
-    metrics.
+    stream body's exit for SSE): it releases the lease and records metrics.
     """
 
     def __init__(
@@ -182,7 +190,7 @@ class RequestCall:
         return decode_body(data, type_)
 
     def reserve_engine_id(self) -> str:
-        """The engine request id base (the response id, unique among requests in flight)."""
+        """The engine request id base: the response id plus a gateway-unique suffix."""
         self.engine_id = self.gw.engine_id(self.response_id)
         return self.engine_id
 
@@ -217,15 +225,13 @@ class RequestCall:
     def close(
         self, status: int, error_code: str | None = None, exc: BaseException | None = None
     ) -> None:
-        """Release the lease and engine id and record metrics; idempotent."""
+        """Release the lease and record metrics; idempotent."""
         if self._closed:
             return
         self._closed = True
         gw = self.gw
         log.debug("%s %s finished: %d %s", self.request_id, self.endpoint, status, error_code or "")
         gw.metrics.in_flight.dec()
-        if self.engine_id is not None:
-            gw.active_ids.discard(self.engine_id)
         cm, self._lease_cm = self._lease_cm, None
         if cm is not None:
             engine_exc = exc if isinstance(exc, EngineError) else None

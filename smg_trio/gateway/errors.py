@@ -9,6 +9,7 @@ import trio
 
 from smg_trio.errors import (
     ClientClosed,
+    DuplicateRequestId,
     EngineDeadError,
     RequestError,
     RequestStreamClosed,
@@ -117,6 +118,8 @@ def to_api_error(exc: BaseException) -> ApiError:
         return ApiError(503, str(exc) or "no engine available", code="service_unavailable")
     if isinstance(exc, EngineRequestFailed):
         return ApiError(500, str(exc), code=exc.code)
+    if isinstance(exc, DuplicateRequestId):  # engine ids are unique by construction
+        return ApiError(409, str(exc), code="duplicate_request_id")
     if isinstance(exc, RequestStreamClosed):
         return ApiError(
             500, "the engine ended the request without finishing it", code="engine_aborted"
