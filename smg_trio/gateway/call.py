@@ -8,7 +8,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, TypeVar
 
@@ -17,10 +17,11 @@ import trio
 from quart import Request, Response
 from werkzeug.exceptions import HTTPException
 
+from smg_trio.connector.client import EngineClient
 from smg_trio.errors import EngineError
-from smg_trio.gateway.backend import GatewayBackend, ServedModel, WorkerLease
+from smg_trio.gateway.backend import GatewayBackend, NoWorkerAvailable, ServedModel, WorkerLease
 from smg_trio.gateway.config import GatewayHttpConfig
-from smg_trio.gateway.errors import ApiError, model_not_found, to_api_error
+from smg_trio.gateway.errors import ApiError, EngineRequestFailed, model_not_found, to_api_error
 from smg_trio.gateway.fanout import SubRequest
 from smg_trio.gateway.metrics import GatewayMetrics
 from smg_trio.gateway.schemas import decode_body
@@ -44,6 +45,8 @@ T = TypeVar("T")
 JSON_TYPE = "application/json"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _MAX_REQUEST_ID = 256
+#: Leases tried when looking for a worker other than the one that asked for a retry.
+_RETRY_PICKS = 4
 
 
 def json_response(status: int, body: bytes, request_id: str | None = None) -> Response:
@@ -161,6 +164,7 @@ class RequestCall:
         self.prompt_tokens = 0
         self.subs: Sequence[SubRequest] = ()
         self._lease_cm: AbstractContextManager[WorkerLease] | None = None
+        self._lease: WorkerLease | None = None
         self._closed = False
         gw.metrics.in_flight.inc()
         if log.isEnabledFor(logging.DEBUG):
@@ -200,9 +204,48 @@ class RequestCall:
             raise ApiError(503, "the gateway is shutting down", code="draining")
         cm = self.gw.backend.lease(model_id)
         lease = cm.__enter__()
-        self._lease_cm = cm
+        self._lease_cm, self._lease = cm, lease
         self.gw.metrics.track_worker(lease.worker_id, lease.client)
         return lease
+
+    async def run_with_retry(
+        self, model_id: str, client: EngineClient, run: Callable[[EngineClient], Awaitable[None]]
+    ) -> None:
+        """``await run(client)``. When the engine rejects the request with a retryable error
+        (a paused engine, vLLM 0.33+) before any choice produced output, run it once more on
+        another ready worker; this call's lease moves there. Otherwise, and when there is no
+        other worker, the error stands (503 with ``Retry-After``). The only retry point."""
+        try:
+            await run(client)
+        except EngineRequestFailed as exc:
+            if not exc.retryable or any(
+                s.pipeline.completion_tokens or s.pipeline.done for s in self.subs
+            ):
+                raise
+            other = self._lease_elsewhere(model_id)
+            if other is None:
+                raise
+            log.info("%s: %s; retrying on worker %s", self.request_id, exc, other.worker_id)
+            await run(other.client)
+
+    def _lease_elsewhere(self, model_id: str) -> WorkerLease | None:
+        """Swap this call's lease for one on a different live worker, or return ``None``."""
+        old_cm, old = self._lease_cm, self._lease
+        assert old_cm is not None
+        assert old is not None
+        for _ in range(_RETRY_PICKS):
+            cm = self.gw.backend.lease(model_id)
+            try:
+                lease = cm.__enter__()
+            except NoWorkerAvailable:
+                return None
+            if lease.worker_id != old.worker_id and lease.client.alive:
+                self._lease_cm, self._lease = cm, lease
+                old_cm.__exit__(None, None, None)
+                self.gw.metrics.track_worker(lease.worker_id, lease.client)
+                return lease
+            cm.__exit__(None, None, None)
+        return None
 
     def on_batch(self) -> None:
         """Called per engine batch: marks the first token's time."""
@@ -215,7 +258,10 @@ class RequestCall:
         """The JSON error response for ``exc`` (closes the call)."""
         err = to_api_error(exc)
         self.close(err.status, err.detail.code, exc)
-        return json_response(err.status, err.body(), self.request_id)
+        resp = json_response(err.status, err.body(), self.request_id)
+        if err.retry_after is not None:
+            resp.headers["retry-after"] = str(err.retry_after)
+        return resp
 
     def ok_response(self, payload: msgspec.Struct) -> Response:
         """A 200 JSON response (closes the call)."""
