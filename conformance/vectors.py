@@ -83,6 +83,28 @@ VLLM_OUTPUTS_LOGPROBS_HEX = (
     "6634920102d703000000bf000000c093a33c69389101d7030200000000000000c0c0c0c0c0c0c0c0c0c0c000"
     "c0c0c0c0cb3ff8000000000000c0c0c0c0"
 )
+#: vLLM 0.33.0 (struct definitions read from the vllm-0.33.0 wheel: ``EngineCoreOutput`` in
+#: ``vllm/v1/engine/__init__.py`` gains a 19th field ``error``, a ``vllm.outputs.RequestError``
+#: dataclass sent as a map): a 9-element envelope (timestamp 1.5, finished ``["req-1"]``) holding
+#: one ERROR (3) output for ``req-1`` with no tokens, encoded by msgspec from those definitions.
+#: A paused engine's rejection (``engine_paused``, retryable, core.py's own message):
+VLLM033_OUTPUTS_PAUSED_HEX = (
+    "990091dc0013a57265712d3190c0c0c003c0c0c0c0c0c0c000c0c0c0c083a4636f6465ad656e67696e655f70"
+    "6175736564a76d657373616765d93447656e65726174696f6e206973207061757365642e20506c6561736520"
+    "726574727920616674657220697420726573756d65732ea9726574727961626c65c3c0cb3ff8000000000000"
+    "c091a57265712d31c0c0c0"
+)
+#: A validation failure (``validation_error``, message ``bad prompt``, not retryable):
+VLLM033_OUTPUTS_VALIDATION_HEX = (
+    "990091dc0013a57265712d3190c0c0c003c0c0c0c0c0c0c000c0c0c0c083a4636f6465b076616c6964617469"
+    "6f6e5f6572726f72a76d657373616765aa6261642070726f6d7074a9726574727961626c65c2c0cb3ff80000"
+    "00000000c091a57265712d31c0c0c0"
+)
+#: The wire-spec STOP example (tokens ``[100, 101]``) in the 0.33 layout: 19 fields, nil error.
+VLLM033_OUTPUTS_STOP_HEX = (
+    "990091dc0013a57265712d31926465c0c0c000c0c0c0c0c0c0c000c0c0c0c0c0c0cb3ff8000000000000c091"
+    "a57265712d31c0c0c0"
+)
 #: One real session against a headless vLLM 0.32.0 engine (package data).
 VLLM_CAPTURE_FILE = "vllm0.32.0_engine_wire.jsonl"
 

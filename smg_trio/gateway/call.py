@@ -4,10 +4,11 @@ auth, body parsing, model lookup, the worker lease, responses and metrics."""
 from __future__ import annotations
 
 import hmac
+import itertools
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, TypeVar
 
@@ -16,10 +17,11 @@ import trio
 from quart import Request, Response
 from werkzeug.exceptions import HTTPException
 
+from smg_trio.connector.client import EngineClient
 from smg_trio.errors import EngineError
-from smg_trio.gateway.backend import GatewayBackend, ServedModel, WorkerLease
+from smg_trio.gateway.backend import GatewayBackend, NoWorkerAvailable, ServedModel, WorkerLease
 from smg_trio.gateway.config import GatewayHttpConfig
-from smg_trio.gateway.errors import ApiError, model_not_found, to_api_error
+from smg_trio.gateway.errors import ApiError, EngineRequestFailed, model_not_found, to_api_error
 from smg_trio.gateway.fanout import SubRequest
 from smg_trio.gateway.metrics import GatewayMetrics
 from smg_trio.gateway.schemas import decode_body
@@ -43,6 +45,8 @@ T = TypeVar("T")
 JSON_TYPE = "application/json"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _MAX_REQUEST_ID = 256
+#: Leases tried when looking for a worker other than the one that asked for a retry.
+_RETRY_PICKS = 4
 
 
 def json_response(status: int, body: bytes, request_id: str | None = None) -> Response:
@@ -65,8 +69,9 @@ def _random_id() -> str:
 
 
 class Gateway:
-    """What the handlers share: the backend seam, config, metrics, and the set of engine
-    request ids in flight (a repeated ``x-request-id`` never collides on the engine)."""
+    """What the handlers share: the backend seam, config, metrics, and the source of engine
+    request ids (see :meth:`engine_id`: a repeated ``x-request-id`` never collides on the
+    engine)."""
 
     def __init__(
         self, backend: GatewayBackend, config: GatewayHttpConfig, metrics: GatewayMetrics
@@ -74,7 +79,9 @@ class Gateway:
         self.backend = backend
         self.config = config
         self.metrics = metrics
-        self.active_ids: set[str] = set()
+        # vLLM's convention (0.10+): the engine id is the external id plus a unique suffix.
+        self._id_nonce = secrets.token_hex(3)
+        self._id_seq = itertools.count()
         self._api_key = None if config.api_key is None else config.api_key.encode()
 
     def request_id(self, request: Request | AsgiRequest) -> str:
@@ -121,20 +128,24 @@ class Gateway:
         return served
 
     def engine_id(self, response_id: str) -> str:
-        """``response_id``, made unique among requests in flight, and reserved."""
-        rid = response_id
-        while rid in self.active_ids:
-            rid = f"{response_id}-{secrets.token_hex(3)}"
-        self.active_ids.add(rid)
-        return rid
+        """The engine id base ``f"{response_id}-{token}"``, unique whatever clients send.
+
+        ``token`` is ``{nonce}_{seq}``: this gateway's random nonce and a sequence number that
+        is never reused, so it has no ``-`` and is never all digits. Sub-requests append
+        ``-{index}`` (:func:`~smg_trio.gateway.fanout.sub_request_id`). The token is then
+        recoverable from any wire id (the last ``-`` component, or the one before it when the
+        last is all digits), so two requests never share a wire id, however their client ids
+        look (``1`` and ``1-0``, one id from many clients, ids shaped like sub-request ids).
+        The nonce keeps gateways that share an engine apart.
+        """
+        return f"{response_id}-{self._id_nonce}_{next(self._id_seq)}"
 
 
 class RequestCall:
     """One HTTP request's lifetime: ids, timing, lease and the final metrics record.
 
     :meth:`close` runs exactly once (the handler's ``finally`` for JSON responses, the
-    stream body's exit for SSE): it releases the lease and the engine id and records
-    metrics.
+    stream body's exit for SSE): it releases the lease and records metrics.
     """
 
     def __init__(
@@ -153,6 +164,7 @@ class RequestCall:
         self.prompt_tokens = 0
         self.subs: Sequence[SubRequest] = ()
         self._lease_cm: AbstractContextManager[WorkerLease] | None = None
+        self._lease: WorkerLease | None = None
         self._closed = False
         gw.metrics.in_flight.inc()
         if log.isEnabledFor(logging.DEBUG):
@@ -182,7 +194,7 @@ class RequestCall:
         return decode_body(data, type_)
 
     def reserve_engine_id(self) -> str:
-        """The engine request id base (the response id, unique among requests in flight)."""
+        """The engine request id base: the response id plus a gateway-unique suffix."""
         self.engine_id = self.gw.engine_id(self.response_id)
         return self.engine_id
 
@@ -192,9 +204,48 @@ class RequestCall:
             raise ApiError(503, "the gateway is shutting down", code="draining")
         cm = self.gw.backend.lease(model_id)
         lease = cm.__enter__()
-        self._lease_cm = cm
+        self._lease_cm, self._lease = cm, lease
         self.gw.metrics.track_worker(lease.worker_id, lease.client)
         return lease
+
+    async def run_with_retry(
+        self, model_id: str, client: EngineClient, run: Callable[[EngineClient], Awaitable[None]]
+    ) -> None:
+        """``await run(client)``. When the engine rejects the request with a retryable error
+        (a paused engine, vLLM 0.33+) before any choice produced output, run it once more on
+        another ready worker; this call's lease moves there. Otherwise, and when there is no
+        other worker, the error stands (503 with ``Retry-After``). The only retry point."""
+        try:
+            await run(client)
+        except EngineRequestFailed as exc:
+            if not exc.retryable or any(
+                s.pipeline.completion_tokens or s.pipeline.done for s in self.subs
+            ):
+                raise
+            other = self._lease_elsewhere(model_id)
+            if other is None:
+                raise
+            log.info("%s: %s; retrying on worker %s", self.request_id, exc, other.worker_id)
+            await run(other.client)
+
+    def _lease_elsewhere(self, model_id: str) -> WorkerLease | None:
+        """Swap this call's lease for one on a different live worker, or return ``None``."""
+        old_cm, old = self._lease_cm, self._lease
+        assert old_cm is not None
+        assert old is not None
+        for _ in range(_RETRY_PICKS):
+            cm = self.gw.backend.lease(model_id)
+            try:
+                lease = cm.__enter__()
+            except NoWorkerAvailable:
+                return None
+            if lease.worker_id != old.worker_id and lease.client.alive:
+                self._lease_cm, self._lease = cm, lease
+                old_cm.__exit__(None, None, None)
+                self.gw.metrics.track_worker(lease.worker_id, lease.client)
+                return lease
+            cm.__exit__(None, None, None)
+        return None
 
     def on_batch(self) -> None:
         """Called per engine batch: marks the first token's time."""
@@ -207,7 +258,10 @@ class RequestCall:
         """The JSON error response for ``exc`` (closes the call)."""
         err = to_api_error(exc)
         self.close(err.status, err.detail.code, exc)
-        return json_response(err.status, err.body(), self.request_id)
+        resp = json_response(err.status, err.body(), self.request_id)
+        if err.retry_after is not None:
+            resp.headers["retry-after"] = str(err.retry_after)
+        return resp
 
     def ok_response(self, payload: msgspec.Struct) -> Response:
         """A 200 JSON response (closes the call)."""
@@ -217,15 +271,13 @@ class RequestCall:
     def close(
         self, status: int, error_code: str | None = None, exc: BaseException | None = None
     ) -> None:
-        """Release the lease and engine id and record metrics; idempotent."""
+        """Release the lease and record metrics; idempotent."""
         if self._closed:
             return
         self._closed = True
         gw = self.gw
         log.debug("%s %s finished: %d %s", self.request_id, self.endpoint, status, error_code or "")
         gw.metrics.in_flight.dec()
-        if self.engine_id is not None:
-            gw.active_ids.discard(self.engine_id)
         cm, self._lease_cm = self._lease_cm, None
         if cm is not None:
             engine_exc = exc if isinstance(exc, EngineError) else None

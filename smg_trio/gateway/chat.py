@@ -287,7 +287,9 @@ async def handle_chat(call: RequestCall) -> Response:
             streaming = True
             return response
         collected = ChoiceCollector(len(subs))
-        await run_all(client, subs, collected.on_delta, call.on_batch)
+        await call.run_with_retry(
+            served.model_id, client, lambda c: run_all(c, subs, collected.on_delta, call.on_batch)
+        )
         return call.ok_response(
             _result(
                 call,

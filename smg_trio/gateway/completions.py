@@ -350,7 +350,9 @@ async def handle_completions(call: RequestCall) -> Response:
             streaming = True
             return response
         collected = ChoiceCollector(len(subs))
-        await run_all(client, subs, collected.on_delta, call.on_batch)
+        await call.run_with_retry(
+            served.model_id, client, lambda c: run_all(c, subs, collected.on_delta, call.on_batch)
+        )
         choices = _choices(
             subs,
             collected,

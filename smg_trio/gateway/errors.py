@@ -9,16 +9,20 @@ import trio
 
 from smg_trio.errors import (
     ClientClosed,
+    DuplicateRequestId,
     EngineDeadError,
     RequestError,
     RequestStreamClosed,
     ValidationError,
 )
 from smg_trio.gateway.backend import NoWorkerAvailable
+from smg_trio.protocol.types import EngineError
 
 __all__ = [
     "ApiError",
     "EngineRequestFailed",
+    "RETRY_AFTER_S",
+    "engine_failure",
     "ErrorBody",
     "ErrorDetail",
     "error_type_for",
@@ -44,14 +48,39 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
+#: ``Retry-After`` seconds on a 503 for an engine's retryable request error.
+RETRY_AFTER_S = 1
+
+
 class EngineRequestFailed(RequestError):
     """The engine ended a request with ``error``, or aborted it without being asked
     (``abort`` finish or an out-of-band finish). ``code`` is ``engine_error`` or
-    ``engine_aborted``; rendered as HTTP 500."""
+    ``engine_aborted`` (HTTP 500) unless the engine detailed the error
+    (:func:`engine_failure`); ``retryable`` errors are 503 with ``Retry-After``."""
 
-    def __init__(self, message: str, code: str) -> None:
+    def __init__(
+        self, message: str, code: str, *, status: int = 500, retryable: bool = False
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status
+        self.retryable = retryable
+
+
+def engine_failure(error: EngineError | None) -> EngineRequestFailed:
+    """The failure for an ``error`` finish. With the engine's details (vLLM 0.33+):
+    ``validation_error`` is a 400 with the engine's message, a retryable error a 503
+    (retried once elsewhere by :meth:`RequestCall.run_with_retry`), anything else a 500
+    ``engine_error`` with the message. Without details: the 500 ``engine_error`` as before."""
+    if error is None:
+        return EngineRequestFailed(
+            "the engine failed the request (see the engine logs)", "engine_error"
+        )
+    if error.code == "validation_error":
+        return EngineRequestFailed(error.message, "validation_error", status=400)
+    if error.retryable:
+        return EngineRequestFailed(error.message, error.code, status=503, retryable=True)
+    return EngineRequestFailed(error.message, "engine_error")
 
 
 _TYPES = {
@@ -85,9 +114,11 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         error_type: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after
         self.detail = ErrorDetail(message, error_type or error_type_for(status), param, code)
 
     def body(self) -> bytes:
@@ -116,7 +147,10 @@ def to_api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, (NoWorkerAvailable, EngineDeadError, ClientClosed)):
         return ApiError(503, str(exc) or "no engine available", code="service_unavailable")
     if isinstance(exc, EngineRequestFailed):
-        return ApiError(500, str(exc), code=exc.code)
+        retry = RETRY_AFTER_S if exc.retryable else None
+        return ApiError(exc.status, str(exc), code=exc.code, retry_after=retry)
+    if isinstance(exc, DuplicateRequestId):  # engine ids are unique by construction
+        return ApiError(409, str(exc), code="duplicate_request_id")
     if isinstance(exc, RequestStreamClosed):
         return ApiError(
             500, "the engine ended the request without finishing it", code="engine_aborted"

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import attrs
 
-from smg_trio.gateway.errors import EngineRequestFailed
+from smg_trio.gateway.errors import EngineRequestFailed, engine_failure
 from smg_trio.protocol.types import EngineOutput, TokenLogprobs
 from smg_trio.tokenizer import IncrementalDetokenizer, ReasoningParser, StopMatcher, Tokenizer
 
@@ -186,9 +186,7 @@ class ChoicePipeline:
             reason = out.finish_reason
             if reason == "error" or reason == "abort":
                 failure = (
-                    EngineRequestFailed(
-                        "the engine failed the request (see the engine logs)", "engine_error"
-                    )
+                    engine_failure(out.error)
                     if reason == "error"
                     else EngineRequestFailed("the engine aborted the request", "engine_aborted")
                 )

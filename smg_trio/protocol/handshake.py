@@ -1,7 +1,8 @@
 """Engine-neutral handshake messages: HELLO/READY status maps, INIT, and the input registration.
 
 Wire source: vLLM ``vllm/v1/engine/utils.py`` (``EngineHandshakeMetadata``, ``EngineZmqAddresses``)
-and ``vllm/v1/engine/core.py`` (``EngineCoreReadyResponse``), vLLM 0.32.0, as decoded by smg 1.13.0
+and ``vllm/v1/engine/core.py`` (``EngineCoreReadyResponse``), vLLM 0.32.0 (0.33.0 adds three
+coordinator keys to the registration), as decoded by smg 1.13.0
 ``crates/engine_zmq_client/src/protocol/handshake.rs``. All are msgpack MAPS (named keys), never
 positional. Unknown keys are ignored, because real vLLM 0.32 sends many extra keys.
 """
@@ -84,6 +85,11 @@ class EngineCoreReadyResponse(msgspec.Struct, kw_only=True):
     kv_cache_size_tokens: int | None = None
     kv_cache_max_concurrency: float | None = None
     kv_events_config: dict[str, Any] | None = None
+    # vLLM 0.33: the DP coordinator's store port and addresses (0/nil without a coordinator,
+    # which is always so in this topology).
+    coord_store_port: int = 0
+    coordinator_input_address: str | None = None
+    coordinator_output_address: str | None = None
 
     @property
     def block_size_tokens(self) -> int:
@@ -99,6 +105,7 @@ class EngineCoreReadyResponse(msgspec.Struct, kw_only=True):
 
 
 _STATUS_KEYS_VLLM = ("status", "local", "headless")
+_VLLM_033_KEYS = ("coord_store_port", "coordinator_input_address", "coordinator_output_address")
 
 
 def encode_status(
@@ -160,5 +167,8 @@ def encode_ready_response(resp: EngineCoreReadyResponse, **extra: Any) -> bytes:
         del msg["block_size"]
     if resp.prefix_granularity is None:
         del msg["prefix_granularity"]
+    for key in _VLLM_033_KEYS:  # written only when set: a 0.32 registration stays 0.32-shaped
+        if not msg[key]:
+            del msg[key]
     msg.update(extra)
     return encoder.encode(msg)

@@ -10,6 +10,7 @@ import msgspec
 __all__ = [
     "Capabilities",
     "EngineBatch",
+    "EngineError",
     "EngineLoad",
     "EngineOutput",
     "EngineProtocol",
@@ -55,6 +56,16 @@ class TokenLogprobs(msgspec.Struct, gc=False):
         return len(self.token_ids)
 
 
+class EngineError(msgspec.Struct, frozen=True, gc=False):
+    """A request-level error the engine sent with an ``error`` finish (vLLM 0.33
+    ``RequestError``): ``code`` such as ``validation_error`` or ``engine_paused``, a message
+    for the client, and whether the request may succeed if sent again."""
+
+    code: str
+    message: str
+    retryable: bool = False
+
+
 class EngineOutput(msgspec.Struct, gc=False):
     """One request's slice of one engine step.
 
@@ -62,6 +73,7 @@ class EngineOutput(msgspec.Struct, gc=False):
     ``finish_reason`` makes the output terminal; it may carry the last tokens too.
     ``prompt_tokens``/``cached_tokens`` are set when the engine reports them;
     ``completion_tokens`` is the engine's cumulative count when it reports one (TokenSpeed).
+    ``error`` details an ``error`` finish when the engine sent them (vLLM 0.33+).
     """
 
     request_id: str
@@ -73,6 +85,7 @@ class EngineOutput(msgspec.Struct, gc=False):
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
+    error: EngineError | None = None
 
 
 class EngineBatch(msgspec.Struct, gc=False):

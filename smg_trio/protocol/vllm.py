@@ -1,11 +1,13 @@
-"""vLLM EngineCore wire: ``EngineCoreRequest`` out, ``EngineCoreOutputs`` in (vLLM 0.32, tolerant).
+"""vLLM EngineCore wire: ``EngineCoreRequest`` out, ``EngineCoreOutputs`` in (vLLM 0.32-0.33, tolerant).
 
 Wire source: ``vllm/v1/engine/__init__.py`` (``EngineCoreRequest``, ``EngineCoreOutput(s)``,
 ``FinishReason``, ``EngineCoreRequestType``), ``vllm/sampling_params.py``,
 ``vllm/v1/outputs.py`` (``LogprobsLists``/``LogprobsTensors``), ``vllm/v1/serial_utils.py``
 (tensor triple) and ``vllm/v1/metrics/stats.py`` (``SchedulerStats``), vLLM 0.32.0; field order
-as decoded by smg 1.13.0 ``crates/engine_zmq_client/src/protocol/vllm``. Positional structs are
-append-only upstream: decoders default missing trailing fields and ignore extra ones.
+as decoded by smg 1.13.0 ``crates/engine_zmq_client/src/protocol/vllm``. vLLM 0.33.0 (read from
+its wheel: ``vllm/v1/engine/__init__.py``, ``vllm/outputs.py``) appends ``error`` to
+``EngineCoreOutput``. Positional structs are append-only upstream: decoders default missing
+trailing fields and ignore extra ones.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from smg_trio.errors import DecodeError, UnsupportedField, ValidationError
 from smg_trio.protocol.types import (
     Capabilities,
     EngineBatch,
+    EngineError,
     EngineLoad,
     EngineOutput,
     FinishReason,
@@ -43,6 +46,7 @@ __all__ = [
     "EngineCoreRequest",
     "FinishReasonCode",
     "PrefillStats",
+    "RequestError",
     "SchedulerStats",
     "VllmProtocol",
     "build_sampling_params",
@@ -119,9 +123,19 @@ class SchedulerStats(msgspec.Struct, gc=False):
     kv_cache_usage: float
 
 
+class RequestError(msgspec.Struct, gc=False):
+    """vLLM 0.33 ``vllm.outputs.RequestError``: a frozen dataclass, so a MAP on the wire
+    (``{code, message, retryable}``), sent with finish reason ERROR."""
+
+    code: str
+    message: str
+    retryable: bool = False
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
-    """One request's output of one step. 16 fields in smg's model, 18 in vLLM 0.32, 19 in 0.33;
-    all tolerated. ``finish_reason`` non-nil makes it terminal (it may carry the last tokens)."""
+    """One request's output of one step: 18 fields in vLLM 0.32, 19 in 0.33 (``error``); shorter
+    and longer arrays are tolerated. ``finish_reason`` non-nil makes it terminal (it may carry
+    the last tokens). ``error`` is decoded leniently (see :func:`_request_error`)."""
 
     request_id: str
     new_token_ids: list[int]
@@ -140,6 +154,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
     mm_cache_miss_hashes: Any = None
     new_sampling_mask: Any = None
     spec_decode_metrics: Any = None
+    prompt_token_id_logprobs: Any = None
+    error: Any = None
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, gc=False):
@@ -195,10 +211,25 @@ def resolve_logprobs(wire: Any, frames: Sequence[Any]) -> TokenLogprobs:
     )
 
 
+def _request_error(wire: Any) -> EngineError | None:
+    """The ``error`` element as an :class:`EngineError`; ``None`` when absent. A malformed one
+    is logged and dropped (the ERROR finish still fails the request), never a batch error."""
+    if wire is None:
+        return None
+    try:
+        err = msgspec.convert(wire, RequestError)
+    except msgspec.ValidationError as exc:
+        log.warning("ignoring a malformed engine request error %r: %s", wire, exc)
+        return None
+    return EngineError(err.code, err.message, err.retryable)
+
+
 def _output(o: EngineCoreOutput, frames: Frames) -> EngineOutput:
     fr = o.finish_reason
     reason: FinishReason | None = None if fr is None else _FINISH.get(fr, "error")
     out = EngineOutput(o.request_id, o.new_token_ids, reason, o.stop_reason)
+    if o.error is not None:
+        out.error = _request_error(o.error)
     if o.new_logprobs is not None:
         out.logprobs = resolve_logprobs(o.new_logprobs, frames)
     if o.new_prompt_logprobs_tensors is not None:

@@ -57,6 +57,7 @@ class MockRequest:
     generated: list[int] = attrs.field(factory=list)
     steps: list[list[int]] | None = None
     arrival_step: int = 0
+    error: vllm.RequestError | None = None
 
 
 #: A scripted plan: the token ids to emit per step for a request (each inner list is one step).
@@ -83,7 +84,8 @@ class MockEngineConfig:
     register_before_ready: bool | None = None
     plan: Plan | None = None
     reject: Callable[[MockRequest], bool] | None = None
-    error_finish: Callable[[MockRequest], bool] | None = None
+    #: True finishes the request with ERROR; a ``RequestError`` also sends it (vLLM 0.33).
+    error_finish: Callable[[MockRequest], bool | vllm.RequestError] | None = None
 
 
 class MockEngine:
@@ -353,7 +355,10 @@ class MockEngine:
                 if (cfg.reject is not None and cfg.reject(req)) or req.n != 1:
                     results.append((req, [], "reject", None))
                     continue
-                if cfg.error_finish is not None and cfg.error_finish(req):
+                verdict = False if cfg.error_finish is None else cfg.error_finish(req)
+                if verdict:
+                    if isinstance(verdict, vllm.RequestError):
+                        req.error = verdict
                     results.append((req, [], "error", None))
                     continue
                 toks, reason, stop = self._advance(req)
@@ -454,6 +459,7 @@ class MockEngine:
                     finish_reason=None if reason is None else codes[reason],
                     stop_reason=stop,
                     prefill_stats=prefill,
+                    error=req.error if reason == "error" else None,
                 )
             )
         env = vllm.EngineCoreOutputs(

@@ -251,7 +251,9 @@ async def test_b10_n2_only_the_stopped_choice_is_aborted(harness: HarnessFactory
             )
             assert (c1["index"], c1["message"]["content"], c1["finish_reason"]) == (1, "a", "stop")
             assert res["usage"]["completion_tokens"] == 33
-            assert set(h.engine.aborts) == {"chatcmpl-b10-1"}  # choice 0 ran to its end
+            (sub1,) = [r.request_id for r in h.engine.requests if r.request_id.endswith("-1")]
+            assert sub1.startswith("chatcmpl-b10-")
+            assert set(h.engine.aborts) == {sub1}  # choice 0 ran to its end
             assert not h.engine.active
 
 

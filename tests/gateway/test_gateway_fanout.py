@@ -85,7 +85,11 @@ async def test_client_disconnect_mid_stream_aborts_every_sub(
             await sse.until(lambda evs: content_indices(evs) == set(range(n)))
             assert sse.status == 200
             await sse.aclose()  # the client goes away mid-stream
-            ids = ["chatcmpl-dc"] if n == 1 else [f"chatcmpl-dc-{i}" for i in range(n)]
+            ids = [r.request_id for r in h.engine.requests]
+            assert len(ids) == n
+            assert all(i.startswith("chatcmpl-dc-") for i in ids)
+            if n > 1:
+                assert sorted(i.rsplit("-", 1)[1] for i in ids) == [str(i) for i in range(n)]
             with trio.fail_after(ABORT_WITHIN_S):
                 await h.wait_aborted(ids)
                 while h.engine.active:
@@ -183,9 +187,11 @@ async def test_one_failing_sub_fails_the_stream_and_aborts_the_others(
             assert resp.status_code == 200
             assert events[-1] == "[DONE]"
             assert events[-2]["error"]["code"] == "engine_error"
+            sub = {r.request_id[-1]: r.request_id for r in h.engine.requests}
+            assert all(i.startswith("chatcmpl-e-") for i in sub.values())
             with trio.fail_after(ABORT_WITHIN_S):
-                await h.wait_aborted(["chatcmpl-e-0", "chatcmpl-e-2"])
-            assert "chatcmpl-e-1" not in h.engine.aborts  # it finished (with an error) itself
+                await h.wait_aborted([sub["0"], sub["2"]])
+            assert sub["1"] not in h.engine.aborts  # it finished (with an error) itself
             res = await h.chat(n=3, max_tokens=3000)
             assert res.status_code == 500
             assert res.json()["error"]["code"] == "engine_error"

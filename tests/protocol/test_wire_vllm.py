@@ -375,9 +375,9 @@ def test_derived_inline_logprobs_example_decodes() -> None:
 
 
 def test_output_and_envelope_longer_than_the_struct_decode() -> None:
-    row = [*output(tokens=[5], finish_reason=1), None, None, "future"]  # 19 elements
+    row = [*output(tokens=[5], finish_reason=1), None, None, None, "future"]  # 20 elements
     env = [*envelope([row], finished_requests=["req-1"]), "default"]  # 9 elements
-    assert len(row) == 19
+    assert len(row) == 20
     assert len(env) == 9
     batch = decode_outputs(frames_of(env))
     assert batch.outputs[0].new_token_ids == [5]
