@@ -8,6 +8,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import tempfile
+
 import httpx
 import pytest
 import trio
@@ -19,6 +21,7 @@ from smg_trio.gateway.admin import admin_blueprint
 from smg_trio.testing.ipc import IpcNamespace, free_handshake_address
 from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
 from smg_trio.testing.tiny_model import default_tiny_model_dir
+from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager
 
 DEADLINE_S = 10.0
@@ -39,13 +42,25 @@ def ns() -> Iterator[IpcNamespace]:
 @asynccontextmanager
 async def admin_server(
     admin_api_key: str | None = KEY,
+    *,
+    allow_insecure: bool = False,
+    confinement: WorkerConfinement | None = None,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, WorkerManager, trio.Nursery]]:
     """A manager plus an app with only the admin blueprint, served on 127.0.0.1:<ephemeral>;
-    yields an httpx client (with the admin key) pointed at it."""
+    yields an httpx client (with the admin key) pointed at it. The default confinement allows
+    sockets under the temp dir (the test namespaces) and models in the tiny model's dir and
+    the temp dir."""
+    if confinement is None:
+        tmp = tempfile.gettempdir()
+        confinement = WorkerConfinement(
+            socket_dirs=(tmp,), model_dirs=(str(default_tiny_model_dir()), tmp)
+        )
     async with trio.open_nursery() as nursery:
-        manager = WorkerManager(nursery, ready_timeout_s=5.0)
+        manager = WorkerManager(nursery, ready_timeout_s=5.0, confinement=confinement)
         app = QuartTrio(__name__)
-        app.register_blueprint(admin_blueprint(manager, admin_api_key=admin_api_key))
+        app.register_blueprint(
+            admin_blueprint(manager, admin_api_key=admin_api_key, allow_insecure=allow_insecure)
+        )
         config = Config()
         config.bind = ["127.0.0.1:0"]
         config.accesslog = None
@@ -184,9 +199,10 @@ async def test_validation_errors(ns: IpcNamespace, model_dir: Path) -> None:
 async def test_failed_registration_reported_in_job(ns: IpcNamespace) -> None:
     with trio.fail_after(DEADLINE_S):
         async with admin_server() as (http, manager, _):
+            # inside the allowed model dirs (else a 400 at once), but not there
+            missing = tempfile.mkdtemp(prefix="smg-") + "/nonexistent-model"
             resp = await http.post(
-                "/workers",
-                json={"url": ns.worker_url("a"), "model_path": "/nonexistent/model"},
+                "/workers", json={"url": ns.worker_url("a"), "model_path": missing}
             )
             assert resp.status_code == 202
             job_id = resp.json()["job_id"]
