@@ -50,9 +50,7 @@ def make_spec(
 
 def temp_confinement() -> WorkerConfinement:
     tmp = tempfile.gettempdir()
-    return WorkerConfinement(
-        socket_dirs=(tmp,), model_dirs=(str(default_tiny_model_dir()), tmp)
-    )
+    return WorkerConfinement(socket_dirs=(tmp,), model_dirs=(str(default_tiny_model_dir()), tmp))
 
 
 @asynccontextmanager
