@@ -117,6 +117,32 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--admin-api-key",
         help="require this bearer key on /workers and /get_loads (default: the --api-key)",
     )
+    g.add_argument(
+        "--allow-insecure-admin",
+        action="store_true",
+        help="without --admin-api-key/--api-key, let anyone who can reach the port add and "
+        "remove workers (single-user development only; default: POST/DELETE /workers get 403)",
+    )
+    g.add_argument(
+        "--allowed-socket-dirs",
+        nargs="+",
+        metavar="DIR",
+        help="more directories worker ipc:// URLs may live under (default: only the socket "
+        "dir, and for launch the directories of --worker-urls)",
+    )
+    g.add_argument(
+        "--allowed-engine-hosts",
+        nargs="+",
+        metavar="HOST",
+        help="non-loopback hosts a worker's zmq_handshake_address may bind (default: none)",
+    )
+    g.add_argument(
+        "--allowed-model-dirs",
+        nargs="+",
+        metavar="DIR",
+        help="directories model_path (and every model file) must resolve inside, besides the "
+        "startup model directory (default: the Hugging Face hub cache)",
+    )
     g.add_argument("--reasoning-parser", help="split <think> reasoning: qwen3 or deepseek_r1")
     g.add_argument(
         "--max-n",
@@ -240,7 +266,9 @@ def _apply_env_and_file(
         raw: Any = env if env is not None else file_values.get(action.dest)
         if raw is None:
             continue
-        if action.nargs == "+" and isinstance(raw, str):
+        if isinstance(action, argparse._StoreTrueAction):
+            raw = _flag_bool(subparser, action, raw)
+        elif action.nargs == "+" and isinstance(raw, str):
             raw = raw.split(",")
         elif action.type is not None and isinstance(raw, (str, int, float)):
             try:
@@ -257,6 +285,21 @@ def _apply_env_and_file(
                 f"(from {_ENV_PREFIX + action.dest.upper()} or --config; choose from {choices})"
             )
         setattr(args, action.dest, raw)
+
+
+def _flag_bool(parser: argparse.ArgumentParser, action: argparse.Action, raw: Any) -> bool:
+    """An on/off flag's env or config-file value: a bool, or 1/0, true/false, yes/no, on/off."""
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    parser.error(
+        f"argument {'/'.join(action.option_strings)}: expected true or false, got {raw!r} "
+        f"(from {_ENV_PREFIX + action.dest.upper()} or --config)"
+    )
 
 
 def _check_model_dir(path: str, flag: str) -> None:
@@ -290,6 +333,12 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "worker_startup_timeout_s": args.worker_startup_timeout_secs,
         "engine_silence_timeout_s": args.engine_silence_timeout_secs,
         "shutdown_grace_period_s": args.shutdown_grace_period_secs,
+        "allow_insecure_admin": args.allow_insecure_admin,
+        "allowed_socket_dirs": tuple(args.allowed_socket_dirs or ()),
+        "allowed_engine_hosts": tuple(args.allowed_engine_hosts or ()),
+        "allowed_model_dirs": (
+            tuple(args.allowed_model_dirs) if args.allowed_model_dirs is not None else None
+        ),
     }
     if args.command == "serve":
         if args.worker_base_port + args.dp_size - 1 > 65535:

@@ -14,6 +14,7 @@ __all__ = [
     "HandshakeTimeout",
     "InputRegistrationTimeout",
     "InvalidDataParallelRank",
+    "ModelPathError",
     "RequestError",
     "RequestStreamClosed",
     "SmgError",
@@ -119,6 +120,14 @@ class UnsupportedField(ValidationError):
         if detail:
             msg = f"{msg}: {detail}"
         super().__init__(msg, param=param, code="unsupported_field")
+
+
+class ModelPathError(ValidationError):
+    """A model directory, or a file read from one, resolves outside the allowed model roots
+    (``--allowed-model-dirs``). The message never says whether the outside path exists."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="model_path", code="model_path_not_allowed")
 
 
 class InvalidDataParallelRank(ValidationError):

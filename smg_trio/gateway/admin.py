@@ -1,5 +1,5 @@
 """The worker admin API: ``/workers`` (add, list, get, remove), ``/workers/jobs/{id}`` and
-``/get_loads``, optionally behind ``--admin-api-key``."""
+``/get_loads``, behind ``--admin-api-key``; without a key only reading is open."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from smg_trio.gateway.call import bearer_matches
 from smg_trio.gateway.errors import ApiError
 from smg_trio.worker.manager import WorkerManager, WorkerSpec
 
-__all__ = ["admin_blueprint"]
+__all__ = ["NO_ADMIN_KEY_MESSAGE", "admin_blueprint"]
 
 #: ``POST /workers`` fields and their JSON types (``None`` is allowed for every one but url).
 _FIELDS: dict[str, type] = {
@@ -50,16 +50,29 @@ def _parse_spec(body: Any) -> WorkerSpec:
     return WorkerSpec(**kwargs)
 
 
-def admin_blueprint(manager: WorkerManager, *, admin_api_key: str | None) -> Blueprint:
+#: The 403 of a worker-changing request when no admin key is set.
+NO_ADMIN_KEY_MESSAGE = (
+    "changing workers needs an admin key: set --admin-api-key (or --api-key), or "
+    "--allow-insecure-admin for single-user development"
+)
+
+
+def admin_blueprint(
+    manager: WorkerManager, *, admin_api_key: str | None, allow_insecure: bool = False
+) -> Blueprint:
     """The admin routes over ``manager``. With ``admin_api_key`` every route requires
-    ``Authorization: Bearer <key>`` (401 otherwise)."""
+    ``Authorization: Bearer <key>`` (401 otherwise). Without one, reading (``GET``) is open
+    and requests that change workers (``POST``, ``DELETE``) get 403, unless
+    ``allow_insecure``."""
     bp = Blueprint("smg_admin", __name__)
     expected = admin_api_key.encode() if admin_api_key is not None else None
 
     @bp.before_request
     async def _auth() -> Response | None:
         if expected is None:
-            return None
+            if allow_insecure or request.method in ("GET", "HEAD", "OPTIONS"):
+                return None
+            return _error(ApiError(403, NO_ADMIN_KEY_MESSAGE, code="admin_api_disabled"))
         if bearer_matches(request.headers.get("Authorization", ""), expected):
             return None
         resp = _error(ApiError(401, "invalid or missing admin API key", code="invalid_api_key"))
@@ -72,7 +85,9 @@ def admin_blueprint(manager: WorkerManager, *, admin_api_key: str | None) -> Blu
         try:
             if body is None:
                 raise ValidationError("the request body is not valid JSON")
-            job = manager.add_worker(_parse_spec(body))
+            spec = _parse_spec(body)
+            await manager.check_spec(spec)
+            job = manager.add_worker(spec)
         except ValidationError as exc:
             return _error(ApiError(exc.status, exc.message, param=exc.param, code=exc.code))
         status_url = f"/workers/jobs/{job.job_id}"

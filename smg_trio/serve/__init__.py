@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -20,6 +21,8 @@ from smg_trio.serve.commands import (
 )
 from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 from smg_trio.serve.launcher import EngineExited, run_engine_process
+from smg_trio.transport.sockdir import default_socket_dir
+from smg_trio.worker.confine import WorkerConfinement, hf_hub_cache, is_loopback_host
 from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
 
 __all__ = [
@@ -80,6 +83,46 @@ class ServeHandle:
 
 def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
     return GatewayHttpConfig(api_key=config.api_key, max_n=config.max_n)
+
+
+def _confinement(config: GatewayConfig) -> WorkerConfinement:
+    """The allow-lists of :class:`GatewayConfig`: what the operator named at startup counts
+    as allowed (the socket dir, the ``worker_urls``' directories, the model directories, the
+    handshake override's host), plus the ``allowed_*`` settings."""
+    eng = config.engines
+    socket_dirs = [(eng.socket_dir if eng else None) or default_socket_dir()]
+    for url in config.worker_urls:
+        path = url.removeprefix("ipc://")
+        if url.startswith("ipc://") and path.startswith("/"):
+            socket_dirs.append(os.path.dirname(os.path.normpath(path)))
+    socket_dirs += config.allowed_socket_dirs
+    models = [p for p in (config.model_path, eng.model if eng else None) if p]
+    models += (
+        config.allowed_model_dirs if config.allowed_model_dirs is not None else [hf_hub_cache()]
+    )
+    hosts = list(config.allowed_engine_hosts)
+    override = config.zmq_handshake_address
+    if override and override.startswith("tcp://"):
+        host = override.removeprefix("tcp://").rpartition(":")[0]
+        if host and not is_loopback_host(host):
+            hosts.append(host.strip("[]"))
+    return WorkerConfinement(socket_dirs=socket_dirs, model_dirs=models, engine_hosts=hosts)
+
+
+def _log_admin_access(config: GatewayConfig, admin_key: str | None) -> None:
+    if admin_key is not None:
+        return
+    if config.allow_insecure_admin:
+        log.warning(
+            "--allow-insecure-admin: anyone who can reach %s may add and remove workers (and "
+            "so receive prompts) without a key; use it for single-user development only",
+            config.host,
+        )
+    else:
+        log.info(
+            "no --admin-api-key or --api-key: POST/DELETE /workers are refused (403); "
+            "GET /workers, /workers/jobs and /get_loads are open"
+        )
 
 
 def _launch_plan(config: GatewayConfig) -> list[tuple[str, EngineLaunch]]:
@@ -207,6 +250,7 @@ async def serve(
             policy=config.policy,
             ready_timeout_s=config.worker_startup_timeout_s,
             silence_timeout_s=config.engine_silence_timeout_s,
+            confinement=_confinement(config),
         )
         registered: set[str] = set()
         runs: dict[str, _EngineRun] = {}
@@ -251,22 +295,19 @@ async def serve(
         app = create_app(manager, _http_config(config))
         # as in smg, the shared --api-key also gates the control plane unless it has its own key
         admin_key = config.admin_api_key if config.admin_api_key is not None else config.api_key
-        if admin_key is None:
-            loopback = config.host in ("127.0.0.1", "localhost", "::1")
-            log.log(
-                logging.INFO if loopback else logging.WARNING,
-                "the /workers admin API is open to anyone who can reach %s; set --admin-api-key "
-                "(or --api-key)",
-                config.host,
+        _log_admin_access(config, admin_key)
+        app.register_blueprint(
+            admin_blueprint(
+                manager, admin_api_key=admin_key, allow_insecure=config.allow_insecure_admin
             )
-        app.register_blueprint(admin_blueprint(manager, admin_api_key=admin_key))
+        )
         binds: list[str] = await nursery.start(serve_http, app, config.host, config.port)
         host, _, port_text = binds[0].removeprefix("http://").rpartition(":")
         host, port = host.strip("[]"), int(port_text)
         log.info("smg_trio listening on http://%s:%d", host, port)
         workers = []
         for spec in specs:
-            log.info("registering worker %s", spec.url)
+            log.info("registering worker %r", spec.url)
             worker = await manager.register(spec)
             workers.append(worker)
             registered.add(spec.url)

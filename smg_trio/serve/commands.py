@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
 import attrs
 
 from smg_trio.protocol.addresses import derive_handshake_port, worker_addresses
+from smg_trio.transport.sockdir import default_socket_dir
 
 __all__ = [
     "EngineLaunch",
@@ -39,11 +39,6 @@ _TS_OWNED = (
     "--data-parallel-rpc-port",
     "--zmq-engine-index",
 )
-
-
-def default_socket_dir() -> str:
-    """``$SMG_ZMQ_SOCKET_DIR`` or the per-user ``/tmp/smg-zmq-<uid>``."""
-    return os.environ.get("SMG_ZMQ_SOCKET_DIR") or f"/tmp/smg-zmq-{os.getuid()}"
 
 
 def worker_url(port: int, socket_dir: str | None = None) -> str:

@@ -24,7 +24,20 @@ class EngineLaunchConfig:
 @attrs.frozen
 class GatewayConfig:
     """The gateway. ``worker_urls`` are engines started elsewhere (``launch``); ``engines``
-    makes ``serve`` start them itself. Durations are seconds."""
+    makes ``serve`` start them itself. Durations are seconds.
+
+    Admin API and worker confinement (safe by default):
+
+    - ``allow_insecure_admin``: with neither ``admin_api_key`` nor ``api_key``, ``POST`` and
+      ``DELETE /workers`` get 403 unless this is set (single-user development only).
+    - ``allowed_socket_dirs``: besides the socket directory (``engines.socket_dir``, else
+      ``$SMG_ZMQ_SOCKET_DIR`` or ``/tmp/smg-zmq-<uid>``) and the directories of
+      ``worker_urls``, where worker ipc URLs may live.
+    - ``allowed_engine_hosts``: besides loopback and the host of ``zmq_handshake_address``,
+      hosts a worker's handshake address may bind.
+    - ``allowed_model_dirs``: model roots besides the startup model directories; ``None``
+      means the Hugging Face hub cache.
+    """
 
     host: str = "127.0.0.1"
     port: int = 8080
@@ -43,3 +56,7 @@ class GatewayConfig:
     engine_silence_timeout_s: float = 300.0
     shutdown_grace_period_s: float = 30.0
     engines: EngineLaunchConfig | None = None
+    allow_insecure_admin: bool = False
+    allowed_socket_dirs: tuple[str, ...] = ()
+    allowed_engine_hosts: tuple[str, ...] = ()
+    allowed_model_dirs: tuple[str, ...] | None = None

@@ -9,8 +9,9 @@ from typing import Any
 
 from smg_trio.errors import ValidationError
 from smg_trio.tokenizer.chat_template import ChatTemplate
+from smg_trio.tokenizer.modeldir import ModelDir
 
-__all__ = ["SPECIAL_TOKEN_KEYS", "Tokenizer", "load_json"]
+__all__ = ["SPECIAL_TOKEN_KEYS", "Tokenizer", "load_json", "load_model_json"]
 
 #: ``tokenizer_config.json`` keys naming one special token each.
 SPECIAL_TOKEN_KEYS = (
@@ -31,12 +32,22 @@ def load_json(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return {}
+    return _json_object(text, str(path))
+
+
+def load_model_json(model_dir: ModelDir, name: str) -> dict[str, Any]:
+    """``load_json`` of the file ``name`` of a (possibly confined) model directory."""
+    text = model_dir.read_text(name)
+    return {} if text is None else _json_object(text, str(model_dir.path / name))
+
+
+def _json_object(text: str, where: str) -> dict[str, Any]:
     try:
         obj = json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"{path}: invalid JSON: {exc}") from exc
+        raise ValueError(f"{where}: invalid JSON: {exc}") from exc
     if not isinstance(obj, dict):
-        raise ValueError(f"{path}: expected a JSON object")
+        raise ValueError(f"{where}: expected a JSON object")
     return obj
 
 
@@ -67,16 +78,16 @@ def _parse_templates(raw: Any) -> dict[str, str]:
     raise ValueError(f"chat_template must be a string or a list, got {type(raw).__name__}")
 
 
-def _load_templates(model_dir: Path, config: Mapping[str, Any]) -> dict[str, str]:
+def _load_templates(model_dir: ModelDir, config: Mapping[str, Any]) -> dict[str, str]:
     """Templates from ``tokenizer_config.json``, overridden by ``chat_template.jinja`` /
     ``chat_template.json`` when present (newer transformers save them there)."""
     templates = _parse_templates(config.get("chat_template"))
-    jinja_file = model_dir / "chat_template.jinja"
-    json_file = model_dir / "chat_template.json"
-    if jinja_file.is_file():
-        templates["default"] = jinja_file.read_text(encoding="utf-8")
-    elif json_file.is_file():
-        templates.update(_parse_templates(load_json(json_file).get("chat_template")))
+    jinja = model_dir.read_text("chat_template.jinja")
+    if jinja is not None:
+        templates["default"] = jinja
+    elif model_dir.file("chat_template.json") is not None:
+        raw = load_model_json(model_dir, "chat_template.json").get("chat_template")
+        templates.update(_parse_templates(raw))
     return templates
 
 
@@ -153,31 +164,33 @@ class Tokenizer:
         self._text_cache: dict[int, str] = {}
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, *, chat_template: str | None = None) -> Tokenizer:
+    def from_dir(
+        cls, model_dir: str | Path | ModelDir, *, chat_template: str | None = None
+    ) -> Tokenizer:
         """Load ``tokenizer.json`` and ``tokenizer_config.json`` from a local model directory.
 
-        ``chat_template`` (Jinja source) replaces the model's own templates. Raises
-        ``FileNotFoundError`` if there is no ``tokenizer.json`` (slow-only tokenizers are not
-        supported) and ``ValueError`` for malformed config or a template that does not
-        compile.
+        ``chat_template`` (Jinja source) replaces the model's own templates. A
+        :class:`~smg_trio.tokenizer.modeldir.ModelDir` with roots confines every file read.
+        Raises ``FileNotFoundError`` if there is no ``tokenizer.json`` (slow-only tokenizers
+        are not supported), ``ValueError`` for malformed config or a template that does not
+        compile, and ``ModelPathError`` for a file that resolves outside the roots.
         """
         from tokenizers import Tokenizer as HfTokenizer
 
-        model_dir = Path(model_dir)
-        path = model_dir / "tokenizer.json"
-        if not path.is_file():
+        md = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
+        text = md.read_text("tokenizer.json")
+        if text is None:
+            path = md.path / "tokenizer.json"
             raise FileNotFoundError(f"{path} not found: a fast tokenizer.json is required")
-        config = load_json(model_dir / "tokenizer_config.json")
+        config = load_model_json(md, "tokenizer_config.json")
         templates = (
-            {"default": chat_template}
-            if chat_template is not None
-            else _load_templates(model_dir, config)
+            {"default": chat_template} if chat_template is not None else _load_templates(md, config)
         )
         return cls(
-            HfTokenizer.from_file(str(path)),
+            HfTokenizer.from_str(text),
             config,
             chat_templates=templates,
-            name_or_path=str(model_dir),
+            name_or_path=str(md.path),
         )
 
     # -- ids <-> text ------------------------------------------------------------------------

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from smg_trio.tokenizer.core import Tokenizer, load_json
+from smg_trio.tokenizer.core import Tokenizer, load_model_json
+from smg_trio.tokenizer.modeldir import ModelDir
 
 __all__ = ["resolve_eos"]
 
@@ -25,7 +26,7 @@ def _eos_ids(config: dict[str, Any], path: Path) -> list[int]:
 
 
 def resolve_eos(
-    model_dir: str | Path, tokenizer: Tokenizer | None = None
+    model_dir: str | Path | ModelDir, tokenizer: Tokenizer | None = None
 ) -> tuple[int | None, list[int]]:
     """Return ``(primary, extras)`` EOS ids for a model directory.
 
@@ -34,13 +35,13 @@ def resolve_eos(
     of ``generation_config.json``); ``extras`` are all other distinct ids of both files, in
     order. With neither, falls back to ``tokenizer.eos_token_id`` (``(None, [])`` if that is
     unknown too). Example: config ``5`` + generation config ``[5, 7, 9]`` gives ``(5, [7, 9])``.
-    Raises ``ValueError`` for malformed JSON or ids.
+    Raises ``ValueError`` for malformed JSON or ids (``ModelPathError`` for a file of a
+    confined :class:`~smg_trio.tokenizer.modeldir.ModelDir` outside its roots).
     """
-    model_dir = Path(model_dir)
+    md = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
     ids: list[int] = []
     for name in ("config.json", "generation_config.json"):
-        path = model_dir / name
-        ids.extend(_eos_ids(load_json(path), path))
+        ids.extend(_eos_ids(load_model_json(md, name), md.path / name))
     ordered = list(dict.fromkeys(ids))
     if not ordered:
         fallback = tokenizer.eos_token_id if tokenizer is not None else None

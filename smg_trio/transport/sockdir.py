@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -14,6 +15,7 @@ from smg_trio.protocol.addresses import ipc_path
 __all__ = [
     "SUN_PATH_MAX",
     "check_ipc_path",
+    "default_socket_dir",
     "ensure_ipc_socket_dir",
     "unlink_stale_socket",
 ]
@@ -27,53 +29,81 @@ SUN_PATH_MAX: Final = 107
 _DIR_MODE: Final = 0o700
 
 
-def ensure_ipc_socket_dir(directory: str | os.PathLike[str]) -> None:
-    """Make sure ``directory`` is a private directory for ipc sockets.
+def default_socket_dir() -> str:
+    """``$SMG_ZMQ_SOCKET_DIR`` or the per-user ``/tmp/smg-zmq-<uid>``."""
+    return os.environ.get("SMG_ZMQ_SOCKET_DIR") or f"/tmp/smg-zmq-{os.getuid()}"
 
-    A missing directory is created, with any missing parents, with mode ``0700`` at ``mkdir``
-    time (no window in which it is world-accessible). An existing one is never ``chmod``-ed; it
-    is checked with ``lstat`` (symlinks are not followed) and must be a real directory owned by
-    the effective uid.
+
+def ensure_ipc_socket_dir(directory: str | os.PathLike[str]) -> None:
+    """Make sure ``directory`` is a private directory for ipc sockets, along its whole path.
+
+    Every component from ``/`` down is checked with ``lstat`` (symlinks are not followed):
+
+    - no component is a symlink, and each is a directory;
+    - each parent is owned by root or the effective uid and is not group- or world-writable,
+      unless it has the sticky bit (``/tmp``): there only a child's owner can rename it;
+    - the directory itself is owned by the effective uid and is not group- or world-writable
+      (so ``/tmp`` itself is refused).
+
+    A missing component is created with mode ``0700`` at ``mkdir`` time (no window in which it
+    is world-accessible), only once its parent passed. An existing directory is never
+    ``chmod``-ed.
 
     Raises:
-        SocketDirError: the path exists but is not a directory (a symlink counts as not a
-            directory), it is owned by another uid, or it cannot be created or inspected.
+        SocketDirError: a rule above is broken (the message says which and why), or a
+            component cannot be created or inspected.
     """
-    path = os.fspath(directory)
+    path = os.path.abspath(os.fspath(directory))
+    parts = [p for p in path.split(os.sep) if p]
+    current = os.sep
     try:
-        _mkdirs_private(path)
-        st = os.lstat(path)
+        _check_component(current, os.lstat(current), path, leaf=not parts)
+        for i, part in enumerate(parts):
+            current = os.path.join(current, part)
+            try:
+                st = os.lstat(current)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):  # created concurrently: checked below
+                    os.mkdir(current, _DIR_MODE)
+                st = os.lstat(current)
+            _check_component(current, st, path, leaf=i == len(parts) - 1)
     except OSError as exc:
         raise SocketDirError(f"cannot prepare ipc socket directory {path!r}: {exc}") from exc
+
+
+def _check_component(current: str, st: os.stat_result, path: str, *, leaf: bool) -> None:
+    """One component of :func:`ensure_ipc_socket_dir`'s walk; raises ``SocketDirError``."""
+    what = f"ipc socket directory {path!r}" if leaf else f"{current!r}, a parent of {path!r},"
     if stat.S_ISLNK(st.st_mode):
         raise SocketDirError(
-            f"ipc socket directory {path!r} exists but is not a directory (it is a symlink)"
+            f"{what} exists but is not a directory (it is a symlink; socket directories may "
+            "not have symlinked components, which could point anywhere)"
         )
     if not stat.S_ISDIR(st.st_mode):
-        raise SocketDirError(f"ipc socket directory {path!r} exists but is not a directory")
+        raise SocketDirError(f"{what} exists but is not a directory")
     euid = os.geteuid()
-    if st.st_uid != euid:
+    mode = stat.S_IMODE(st.st_mode)
+    writable = mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if leaf:
+        if st.st_uid != euid:
+            raise SocketDirError(f"{what} is owned by uid {st.st_uid} (expected {euid})")
+        if writable:
+            raise SocketDirError(
+                f"{what} is group- or world-writable (mode {mode:04o}): other local users "
+                "could replace its sockets and receive prompts; use a private directory such "
+                "as /tmp/smg-zmq-<uid>"
+            )
+        return
+    if st.st_uid not in (0, euid):
         raise SocketDirError(
-            f"ipc socket directory {path!r} is owned by uid {st.st_uid} (expected {euid})"
+            f"{what} is owned by uid {st.st_uid} (expected root or {euid}): that user could "
+            "replace the socket directory"
         )
-
-
-def _mkdirs_private(path: str) -> None:
-    """``mkdir -p`` with mode 0700 on every directory it creates (``os.makedirs`` applies the
-    mode to the leaf only)."""
-    missing: list[str] = []
-    current = os.path.abspath(path)
-    while not os.path.lexists(current):
-        missing.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, _DIR_MODE)
-        except FileExistsError:
-            pass  # created concurrently; the lstat checks decide whether it is acceptable
+    if writable and not mode & stat.S_ISVTX:
+        raise SocketDirError(
+            f"{what} is group- or world-writable without the sticky bit (mode {mode:04o}): "
+            "other local users could replace the socket directory"
+        )
 
 
 def unlink_stale_socket(path: str | os.PathLike[str]) -> bool:

@@ -3,12 +3,10 @@ re-handshake restarted engines, removal with drain, and the gateway's backend vi
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Literal
 
 import attrs
@@ -25,9 +23,11 @@ from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol
 from smg_trio.protocol.vllm import VllmProtocol
-from smg_trio.tokenizer.core import Tokenizer
+from smg_trio.tokenizer.core import Tokenizer, load_model_json
 from smg_trio.tokenizer.eos import resolve_eos
+from smg_trio.tokenizer.modeldir import ModelDir
 from smg_trio.transport.handshake import READY_TIMEOUT_S
+from smg_trio.worker.confine import WorkerConfinement, escape, require_printable
 from smg_trio.worker.policies import LoadBalancingPolicy, make_policy
 from smg_trio.worker.registry import Worker, WorkerConflictError, WorkerRegistry
 from smg_trio.workflow import (
@@ -169,13 +169,41 @@ def _model_id_for(spec: WorkerSpec) -> str:
     raise ValidationError("a worker needs model_path or model_id", param="model_path")
 
 
-def _config_max_len(model_path: str) -> int | None:
+def _config_max_len(model_dir: ModelDir) -> int | None:
     try:
-        cfg = json.loads((Path(model_path) / "config.json").read_text())
+        cfg = load_model_json(model_dir, "config.json")
     except (OSError, ValueError):
         return None
     value = cfg.get("max_position_embeddings")
     return int(value) if isinstance(value, int) else None
+
+
+def _open_model_dir(path: str | None, roots: Sequence[str]) -> ModelDir:
+    """The confined model directory of a spec (blocking I/O: run it in a thread). Raises
+    ``ModelPathError`` outside the roots, ``ValidationError`` if it is not a directory."""
+    model_dir = None if path is None else ModelDir(path, roots)
+    if model_dir is None or not model_dir.path.is_dir():
+        raise ValidationError(
+            f"model_path {path!r} is not a local model directory (the ZMQ wire carries "
+            "token ids only, so the gateway needs the tokenizer)",
+            param="model_path",
+        )
+    return model_dir
+
+
+def _load_model(
+    path: str | None, roots: Sequence[str]
+) -> tuple[Tokenizer, tuple[int | None, list[int]], int | None]:
+    """Tokenizer, EOS ids and ``max_position_embeddings`` of a spec's model directory, every
+    file read confined to ``roots`` (blocking I/O: run it in a thread)."""
+    model_dir = _open_model_dir(path, roots)
+    tok = Tokenizer.from_dir(model_dir)
+    return tok, resolve_eos(model_dir, tok), _config_max_len(model_dir)
+
+
+def _check_model_files(path: str | None, roots: Sequence[str]) -> None:
+    if path is not None:
+        ModelDir(path, roots).check_files()
 
 
 class WorkerManager:
@@ -193,8 +221,11 @@ class WorkerManager:
         ready_timeout_s: float = READY_TIMEOUT_S,
         silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
+        confinement: WorkerConfinement | None = None,
     ) -> None:
         self._nursery = nursery
+        #: What worker specs may touch (default: :meth:`WorkerConfinement.default`).
+        self.confinement = confinement or WorkerConfinement.default()
         self.policy: LoadBalancingPolicy = make_policy(policy)
         self.ready_timeout_s = ready_timeout_s
         self.silence_timeout_s = silence_timeout_s
@@ -270,14 +301,15 @@ class WorkerManager:
     # -- registration --------------------------------------------------------------------
 
     def validate_spec(self, spec: WorkerSpec) -> tuple[Runtime, WorkerAddresses]:
-        """Step 1 and 2 of registration, synchronously (so ``POST /workers`` can 400 at once).
+        """Step 1 and 2 of registration, synchronously (so ``POST /workers`` can 400 at once):
+        the fields, and the :attr:`confinement` rules that need no I/O. Nothing is logged,
+        created or bound before the whole spec passed.
 
         Raises ``ValidationError`` naming the field, or the conflicting worker's URL.
         """
-        runtime = spec.runtime_type
-        if runtime is None:
-            log.warning("worker %s has no runtime_type; assuming vllm", spec.url)
-            runtime = "vllm"
+        conf = self.confinement
+        conf.check_url(spec.url)
+        runtime = spec.runtime_type or "vllm"
         if runtime not in _PROTOCOLS:
             raise ValidationError(
                 f"runtime_type must be vllm or tokenspeed (the ZMQ wires), got {runtime!r}",
@@ -285,6 +317,14 @@ class WorkerManager:
             )
         if spec.dp_size < 1:
             raise ValidationError("dp_size must be >= 1", param="dp_size")
+        if spec.zmq_handshake_address is not None:
+            conf.check_handshake(spec.zmq_handshake_address)
+        if spec.model_path is not None:
+            conf.check_model_path(spec.model_path)
+        for name in ("model_id", "reasoning_parser"):
+            value = getattr(spec, name)
+            if value is not None:
+                require_printable(value, name)
         try:
             addrs = worker_addresses(spec.url, spec.zmq_handshake_address)
         except ValueError as exc:
@@ -294,10 +334,22 @@ class WorkerManager:
         _model_id_for(spec)
         return runtime, addrs  # type: ignore[return-value]
 
+    async def check_spec(self, spec: WorkerSpec) -> None:
+        """:meth:`validate_spec` plus the checks that need the filesystem (off the event
+        loop): ``model_path`` and each model file it holds resolve inside the model roots.
+        ``POST /workers`` calls it first so that such a spec is a 400, not a failed job; the
+        registration re-checks every file as it reads it. Raises ``ValidationError``."""
+        self.validate_spec(spec)
+        await trio.to_thread.run_sync(
+            _check_model_files, spec.model_path, self.confinement.model_dirs
+        )
+
     def add_worker(self, spec: WorkerSpec) -> RegistrationJob:
         """Validate (raises ``ValidationError``), reserve the worker, and start its registration
         workflow in the manager's nursery. Returns the job at once."""
         runtime, addrs = self.validate_spec(spec)
+        if spec.runtime_type is None:
+            log.warning("worker %r has no runtime_type; assuming vllm", spec.url)
         worker = WorkerState(
             url=spec.url,
             model_id=_model_id_for(spec),
@@ -334,15 +386,9 @@ class WorkerManager:
     def _registration_definition(self) -> WorkflowDefinition:
         async def load_tokenizer(ctx: WorkflowContext) -> None:
             worker: WorkerState = ctx.get("worker")
-            path = worker.spec.model_path
-            if path is None or not await trio.Path(path).is_dir():
-                raise ValidationError(
-                    f"model_path {path!r} is not a local model directory (the ZMQ wire carries "
-                    "token ids only, so the gateway needs the tokenizer)",
-                    param="model_path",
-                )
-            tok = Tokenizer.from_dir(path)
-            eos, extra = resolve_eos(path, tok)
+            tok, (eos, extra), max_len = await trio.to_thread.run_sync(
+                _load_model, worker.spec.model_path, self.confinement.model_dirs
+            )
             ctx.set("tokenizer", tok)
             ctx.set("eos", (eos, extra))
             if worker.model_id not in self.models:
@@ -351,7 +397,7 @@ class WorkerManager:
                     model_id=worker.model_id,
                     tokenizer=tok,
                     protocol=_PROTOCOLS[worker.runtime](),
-                    max_model_len=_config_max_len(path) or 2048,
+                    max_model_len=max_len or 2048,
                     eos_token_id=eos,
                     extra_eos_token_ids=list(extra),
                     reasoning_parser=worker.spec.reasoning_parser,
@@ -386,7 +432,7 @@ class WorkerManager:
                 model.max_model_len = worker.client.max_model_len
             worker.status = "ready"
             log.info(
-                "worker %s (%s, model %s) is ready",
+                "worker %r (%s, model %r) is ready",
                 worker.spec.url,
                 worker.runtime,
                 worker.model_id,
@@ -396,7 +442,8 @@ class WorkerManager:
             "register_zmq_worker",
             [
                 StepDefinition("load_tokenizer", load_tokenizer),
-                StepDefinition("connect", connect),
+                # after the model dir passed its checks: nothing is bound or created before
+                StepDefinition("connect", connect, depends_on=("load_tokenizer",)),
                 StepDefinition("discover_metadata", discover, depends_on=("connect",)),
                 StepDefinition(
                     "activate", activate, depends_on=("discover_metadata", "load_tokenizer")
@@ -428,7 +475,9 @@ class WorkerManager:
         if job.status != "succeeded":
             worker.scope.cancel()
             self._forget(worker)
-            log.error("registration of %s %s: %s", worker.spec.url, job.status, job.error)
+            log.error(
+                "registration of %r %s: %s", worker.spec.url, job.status, escape(job.error or "")
+            )
         job.done.set()
 
     async def _supervise(self, worker: WorkerState) -> None:
@@ -452,13 +501,13 @@ class WorkerManager:
                         worker.circuit.reset()
                         if worker.status == "unhealthy":
                             worker.status = "ready"
-                            log.info("worker %s reconnected", worker.spec.url)
+                            log.info("worker %r reconnected", worker.spec.url)
                         worker.connected.set()
                         await client.dead_event.wait()
                         worker.last_error = str(client.dead_reason)
                 except (EngineError, OSError) as exc:
                     worker.last_error = f"{type(exc).__name__}: {exc}"
-                    log.warning("worker %s: %s", worker.spec.url, worker.last_error)
+                    log.warning("worker %r: %s", worker.spec.url, escape(worker.last_error))
                     if not worker.connected.is_set():
                         worker.connected.set()  # registration sees client None and fails
                         return

@@ -3,6 +3,10 @@ of a WorkerManager driving mock engines over real ZMQ."""
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,6 +23,7 @@ from smg_trio.gateway.admin import admin_blueprint
 from smg_trio.testing.ipc import IpcNamespace, free_handshake_address
 from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
 from smg_trio.testing.tiny_model import default_tiny_model_dir
+from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager
 
 DEADLINE_S = 10.0
@@ -39,13 +44,25 @@ def ns() -> Iterator[IpcNamespace]:
 @asynccontextmanager
 async def admin_server(
     admin_api_key: str | None = KEY,
+    *,
+    allow_insecure: bool = False,
+    confinement: WorkerConfinement | None = None,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, WorkerManager, trio.Nursery]]:
     """A manager plus an app with only the admin blueprint, served on 127.0.0.1:<ephemeral>;
-    yields an httpx client (with the admin key) pointed at it."""
+    yields an httpx client (with the admin key) pointed at it. The default confinement allows
+    sockets under the temp dir (the test namespaces) and models in the tiny model's dir and
+    the temp dir."""
+    if confinement is None:
+        tmp = tempfile.gettempdir()
+        confinement = WorkerConfinement(
+            socket_dirs=(tmp,), model_dirs=(str(default_tiny_model_dir()), tmp)
+        )
     async with trio.open_nursery() as nursery:
-        manager = WorkerManager(nursery, ready_timeout_s=5.0)
+        manager = WorkerManager(nursery, ready_timeout_s=5.0, confinement=confinement)
         app = QuartTrio(__name__)
-        app.register_blueprint(admin_blueprint(manager, admin_api_key=admin_api_key))
+        app.register_blueprint(
+            admin_blueprint(manager, admin_api_key=admin_api_key, allow_insecure=allow_insecure)
+        )
         config = Config()
         config.bind = ["127.0.0.1:0"]
         config.accesslog = None
@@ -184,9 +201,10 @@ async def test_validation_errors(ns: IpcNamespace, model_dir: Path) -> None:
 async def test_failed_registration_reported_in_job(ns: IpcNamespace) -> None:
     with trio.fail_after(DEADLINE_S):
         async with admin_server() as (http, manager, _):
+            # inside the allowed model dirs (else a 400 at once), but not there
+            missing = tempfile.mkdtemp(prefix="smg-") + "/nonexistent-model"
             resp = await http.post(
-                "/workers",
-                json={"url": ns.worker_url("a"), "model_path": "/nonexistent/model"},
+                "/workers", json={"url": ns.worker_url("a"), "model_path": missing}
             )
             assert resp.status_code == 202
             job_id = resp.json()["job_id"]
@@ -225,7 +243,106 @@ async def test_admin_key_required(ns: IpcNamespace, model_dir: Path) -> None:
                 assert resp.status_code == 200, header
 
 
-async def test_no_admin_key_configured_is_open() -> None:
+async def test_no_admin_key_reading_is_open_changing_is_403(
+    ns: IpcNamespace, model_dir: Path
+) -> None:
+    """Safe by default (issue 18, finding 1): without a key nobody can add or remove a
+    worker; the 403 names the flags to set."""
     with trio.fail_after(DEADLINE_S):
-        async with admin_server(admin_api_key=None) as (http, _, _):
+        async with admin_server(admin_api_key=None) as (http, manager, _):
             assert (await http.get("/workers")).json() == {"workers": [], "total": 0}
+            assert (await http.get("/get_loads")).status_code == 200
+            assert_envelope(await http.get("/workers/jobs/x"), 404)
+            for method, path in [("POST", "/workers"), ("DELETE", "/workers/x")]:
+                kw: dict[str, Any] = {"json": body(ns, "a", model_dir)} if method == "POST" else {}
+                resp = await http.request(method, path, **kw)
+                err = assert_envelope(
+                    resp, 403, "--admin-api-key", "--api-key", "--allow-insecure-admin"
+                )
+                assert err["type"] == "permission_error"
+                assert err["code"] == "admin_api_disabled"
+            assert len(manager.registry) == 0
+            assert not manager.jobs
+            assert os.listdir(ns.directory) == []
+
+
+async def test_allow_insecure_opens_changes_without_a_key(
+    ns: IpcNamespace, model_dir: Path
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with admin_server(admin_api_key=None, allow_insecure=True) as (http, manager, _):
+            resp = await http.post("/workers", json=body(ns, "a", model_dir))
+            assert resp.status_code == 202, resp.text
+            resp = await http.delete(f"/workers/{resp.json()['worker_id']}")
+            assert resp.status_code == 200, resp.text
+            assert len(manager.registry) == 0
+
+
+# -- confinement (issue 18, findings 1 and 5) -----------------------------------------------
+
+
+async def test_worker_urls_outside_the_socket_dirs_are_400(
+    ns: IpcNamespace, model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    only_ns = WorkerConfinement(socket_dirs=(ns.directory,), model_dirs=(str(model_dir),))
+    with trio.fail_after(DEADLINE_S):
+        async with admin_server(confinement=only_ns) as (http, manager, _):
+            other = tempfile.mkdtemp(prefix="smg-")
+            try:
+                for url in (
+                    "ipc://@x",
+                    "ipc://relative-w",
+                    f"ipc://{other}/w",
+                    f"ipc://{ns.directory}/../w",
+                    f"ipc://{ns.directory}/new/deeper/w\nERROR forged",
+                ):
+                    resp = await http.post("/workers", json=body(ns, "a", model_dir, url=url))
+                    err = assert_envelope(resp, 400)
+                    assert err["param"] == "url", url
+                assert os.listdir(other) == []
+            finally:
+                os.rmdir(other)
+            for address in ("tcp://0.0.0.0:5555", "tcp://*:5555", "tcp://lo:5555"):
+                resp = await http.post(
+                    "/workers", json=body(ns, "a", model_dir, zmq_handshake_address=address)
+                )
+                err = assert_envelope(resp, 400, "loopback")
+                assert err["param"] == "zmq_handshake_address"
+            assert len(manager.registry) == 0
+            assert os.listdir(ns.directory) == []  # nothing created, not even new/deeper
+    assert not any("forged" in r.getMessage() for r in caplog.records)
+
+
+async def test_model_paths_outside_the_roots_are_400_without_saying_if_they_exist(
+    ns: IpcNamespace, model_dir: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "models"
+    evil = root / "evil"
+    shutil.copytree(model_dir, evil)
+    secret = tmp_path / "secret.jinja"
+    secret.write_text("{{ 'TOP-SECRET-c0ffee' }}")
+    (evil / "chat_template.jinja").symlink_to(secret)
+    conf = WorkerConfinement(socket_dirs=(ns.directory,), model_dirs=(str(root),))
+    with trio.fail_after(DEADLINE_S):
+        async with admin_server(confinement=conf) as (http, manager, _):
+            messages = set()
+            for path in ("/etc", "/root", "/nonexistent/model", str(model_dir)):
+                resp = await http.post(
+                    "/workers",
+                    json=body(ns, "a", model_dir, model_path=path, url=ns.worker_url("sub/a")),
+                )
+                err = assert_envelope(resp, 400, "--allowed-model-dirs")
+                assert err["param"] == "model_path"
+                messages.add(err["message"])
+            assert len(messages) == 1
+            resp = await http.post(
+                "/workers",
+                json=body(ns, "a", evil, url=ns.worker_url("sub/a")),
+            )
+            err = assert_envelope(resp, 400, "chat_template.jinja", "--allowed-model-dirs")
+            assert "TOP-SECRET" not in resp.text
+            assert str(secret) not in resp.text
+            assert len(manager.registry) == 0
+            assert not manager.jobs
+            assert os.listdir(ns.directory) == []  # nothing was created for "sub/"

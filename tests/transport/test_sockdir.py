@@ -140,3 +140,91 @@ def test_check_ipc_path_limits() -> None:
         check_ipc_path(f"ipc://{too_long}")
     with pytest.raises(WorkerAddressError):
         check_ipc_path("tcp://127.0.0.1:5555")
+
+
+# -- the whole path (issue 18, finding 6) ---------------------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+
+
+def test_refuses_a_world_writable_dir(ipc: IpcNamespace) -> None:
+    target = os.path.join(ipc.directory, "open")
+    os.mkdir(target)
+    os.chmod(target, 0o777)
+    with pytest.raises(SocketDirError, match=r"group- or world-writable \(mode 0777\).*prompts"):
+        ensure_ipc_socket_dir(target)
+
+
+def test_refuses_a_group_writable_dir(ipc: IpcNamespace) -> None:
+    target = os.path.join(ipc.directory, "group")
+    os.mkdir(target)
+    os.chmod(target, 0o770)
+    with pytest.raises(SocketDirError, match=r"group- or world-writable \(mode 0770\)"):
+        ensure_ipc_socket_dir(target)
+
+
+def test_refuses_tmp_itself() -> None:
+    st = os.lstat("/tmp")
+    if not st.st_mode & 0o002:
+        pytest.skip("/tmp is not world-writable here")
+    with pytest.raises(SocketDirError, match=r"'/tmp' is group- or world-writable"):
+        ensure_ipc_socket_dir("/tmp")
+
+
+def test_a_sticky_root_owned_parent_is_fine(ipc: IpcNamespace) -> None:
+    """/tmp (root, 1777) as a parent is what the default /tmp/smg-zmq-<uid> sits in."""
+    if os.lstat("/tmp").st_uid != 0:
+        pytest.skip("/tmp is not root-owned here")
+    ensure_ipc_socket_dir(ipc.directory)  # mkdtemp under the temp dir
+    target = os.path.join("/tmp", os.path.basename(ipc.directory) + "-x")
+    try:
+        ensure_ipc_socket_dir(target)
+        assert _mode(target) == 0o700
+    finally:
+        os.rmdir(target)
+
+
+def test_refuses_a_world_writable_parent_without_sticky_bit_and_creates_nothing(
+    ipc: IpcNamespace,
+) -> None:
+    parent = os.path.join(ipc.directory, "parent")
+    os.mkdir(parent)
+    os.chmod(parent, 0o777)
+    target = os.path.join(parent, "socks")
+    with pytest.raises(SocketDirError, match=r"a parent of .* without the sticky bit"):
+        ensure_ipc_socket_dir(target)
+    assert not os.path.lexists(target)
+    os.chmod(parent, 0o1777)  # sticky and ours: only a child's owner may rename the child
+    ensure_ipc_socket_dir(target)
+    assert _mode(target) == 0o700
+
+
+def test_refuses_a_symlinked_parent_and_creates_nothing_through_it(ipc: IpcNamespace) -> None:
+    elsewhere = os.path.join(ipc.directory, "elsewhere")
+    os.mkdir(elsewhere, 0o700)
+    link = os.path.join(ipc.directory, "link")
+    os.symlink(elsewhere, link)
+    target = os.path.join(link, "a", "b")
+    with pytest.raises(SocketDirError, match=r"a parent of .* is a symlink"):
+        ensure_ipc_socket_dir(target)
+    assert os.listdir(elsewhere) == []  # the old mkdir -p created a/b through the link
+
+
+@needs_root
+def test_refuses_a_parent_owned_by_another_uid(ipc: IpcNamespace) -> None:
+    parent = os.path.join(ipc.directory, "theirs")
+    os.mkdir(parent, 0o755)
+    os.chown(parent, 12345, 12345)
+    target = os.path.join(parent, "socks")
+    os.mkdir(target, 0o700)  # ours, but its parent's owner could swap it
+    with pytest.raises(SocketDirError, match=r"owned by uid 12345 \(expected root or 0\)"):
+        ensure_ipc_socket_dir(target)
+
+
+@needs_root
+def test_refuses_a_leaf_owned_by_another_uid_even_for_root(ipc: IpcNamespace) -> None:
+    target = os.path.join(ipc.directory, "theirs")
+    os.mkdir(target, 0o700)
+    os.chown(target, 12345, 12345)
+    with pytest.raises(SocketDirError, match=r"owned by uid 12345 \(expected 0\)"):
+        ensure_ipc_socket_dir(target)

@@ -22,6 +22,7 @@ from smg_trio.protocol.types import GenerateRequest, SamplingOptions
 from smg_trio.testing.ipc import IpcNamespace, free_handshake_address
 from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
 from smg_trio.testing.tiny_model import default_tiny_model_dir
+from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
 from smg_trio.worker.policies import POLICY_NAMES
 
@@ -47,10 +48,17 @@ def make_spec(
     return WorkerSpec(url=ns.worker_url(name), model_path=str(model_dir), model_id=model_id, **kw)  # type: ignore[arg-type]
 
 
+def temp_confinement() -> WorkerConfinement:
+    tmp = tempfile.gettempdir()
+    return WorkerConfinement(socket_dirs=(tmp,), model_dirs=(str(default_tiny_model_dir()), tmp))
+
+
 @asynccontextmanager
 async def open_manager(**kw: object) -> AsyncIterator[tuple[WorkerManager, trio.Nursery]]:
-    """A manager in a test nursery (everything is cancelled on exit)."""
+    """A manager in a test nursery (everything is cancelled on exit). Its confinement allows
+    the test namespaces' sockets (under the temp dir) and the tiny model."""
     kw.setdefault("ready_timeout_s", 5.0)
+    kw.setdefault("confinement", temp_confinement())
     async with trio.open_nursery() as nursery:
         manager = WorkerManager(nursery, **kw)  # type: ignore[arg-type]
         yield manager, nursery

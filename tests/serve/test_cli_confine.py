@@ -1,0 +1,136 @@
+"""The admin and confinement flags (issue 18): --allow-insecure-admin, --allowed-socket-dirs,
+--allowed-engine-hosts, --allowed-model-dirs, from the command line, SMG_TRIO_* and the
+config file, and how serve turns them into the manager's WorkerConfinement."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("smg_trio.gateway.app", reason="the HTTP app has not landed yet")
+
+from smg_trio import cli
+from smg_trio.serve import GatewayConfig, _confinement, _log_admin_access
+from smg_trio.serve.config import EngineLaunchConfig
+from smg_trio.testing.tiny_model import default_tiny_model_dir
+from smg_trio.worker.confine import hf_hub_cache
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.startswith("SMG_TRIO_"):
+            monkeypatch.delenv(key)
+
+
+def _config(argv: list[str]) -> GatewayConfig:
+    parser = cli._parser()
+    args = parser.parse_args(argv)
+    cli._apply_env_and_file(parser, args, argv)
+    config = cli._config_from_args(args, [])
+    assert isinstance(config, GatewayConfig)
+    return config
+
+
+def _launch(*extra: str) -> list[str]:
+    model = str(default_tiny_model_dir())
+    return ["launch", "--worker-urls", "ipc:///srv/socks/e1", "--model-path", model, *extra]
+
+
+def test_defaults_are_safe() -> None:
+    config = _config(_launch())
+    assert config.allow_insecure_admin is False
+    assert config.allowed_socket_dirs == ()
+    assert config.allowed_engine_hosts == ()
+    assert config.allowed_model_dirs is None
+
+
+def test_flags() -> None:
+    config = _config(
+        _launch(
+            "--allow-insecure-admin",
+            "--allowed-socket-dirs",
+            "/a",
+            "/b",
+            "--allowed-engine-hosts",
+            "10.0.0.7",
+            "--allowed-model-dirs",
+            "/models",
+        )
+    )
+    assert config.allow_insecure_admin is True
+    assert config.allowed_socket_dirs == ("/a", "/b")
+    assert config.allowed_engine_hosts == ("10.0.0.7",)
+    assert config.allowed_model_dirs == ("/models",)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("1", True), ("true", True), ("on", True), ("0", False), ("no", False)]
+)
+def test_env(monkeypatch: pytest.MonkeyPatch, value: str, expected: bool) -> None:
+    monkeypatch.setenv("SMG_TRIO_ALLOW_INSECURE_ADMIN", value)
+    monkeypatch.setenv("SMG_TRIO_ALLOWED_MODEL_DIRS", "/m1,/m2")
+    config = _config(_launch())
+    assert config.allow_insecure_admin is expected
+    assert config.allowed_model_dirs == ("/m1", "/m2")
+
+
+def test_env_bool_garbage_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SMG_TRIO_ALLOW_INSECURE_ADMIN", "maybe")
+    with pytest.raises(SystemExit) as exc:
+        _config(_launch())
+    assert exc.value.code == 2
+    assert "SMG_TRIO_ALLOW_INSECURE_ADMIN" in capsys.readouterr().err
+
+
+def test_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text('allow_insecure_admin = true\nallowed_engine_hosts = ["engine-1"]\n')
+    config = _config(_launch("--config", str(cfg)))
+    assert config.allow_insecure_admin is True
+    assert config.allowed_engine_hosts == ("engine-1",)
+
+
+def test_launch_confinement_counts_what_the_operator_gave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SMG_ZMQ_SOCKET_DIR", "/run/smg")
+    config = _config(_launch("--zmq-handshake-address", "tcp://10.1.2.3:7000"))
+    conf = _confinement(config)
+    assert conf.socket_dirs == ("/run/smg", "/srv/socks")
+    assert conf.engine_hosts == ("10.1.2.3",)
+    assert conf.model_dirs == (str(default_tiny_model_dir()), hf_hub_cache())
+    conf.check_url("ipc:///srv/socks/e2")
+    conf.check_handshake("tcp://10.1.2.3:7001")
+
+
+def test_serve_confinement_and_explicit_model_dirs() -> None:
+    config = GatewayConfig(
+        engines=EngineLaunchConfig(backend="mock", model="/m/tiny", socket_dir="/run/s"),
+        allowed_socket_dirs=("/run/more",),
+        allowed_model_dirs=("/models",),
+    )
+    conf = _confinement(config)
+    assert conf.socket_dirs == ("/run/s", "/run/more")
+    assert conf.model_dirs == ("/m/tiny", "/models")  # no HF cache once dirs are named
+
+
+def test_startup_log(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    _log_admin_access(GatewayConfig(allow_insecure_admin=True), None)
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert "--allow-insecure-admin" in record.getMessage()
+    caplog.clear()
+    _log_admin_access(GatewayConfig(), None)
+    (record,) = caplog.records
+    assert record.levelno == logging.INFO
+    assert "refused (403)" in record.getMessage()
+    caplog.clear()
+    _log_admin_access(GatewayConfig(allow_insecure_admin=True), "key")
+    assert not caplog.records
