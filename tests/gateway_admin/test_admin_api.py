@@ -3,6 +3,7 @@ of a WorkerManager driving mock engines over real ZMQ."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -229,3 +230,21 @@ async def test_no_admin_key_configured_is_open() -> None:
     with trio.fail_after(DEADLINE_S):
         async with admin_server(admin_api_key=None) as (http, _, _):
             assert (await http.get("/workers")).json() == {"workers": [], "total": 0}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"url": "\xff"}', b"\xff\xfe{}", b'{"url": "ipc:///x\\ud800"}'],
+    ids=["non-utf8-in-string", "non-utf8-bom", "lone-surrogate"],
+)
+async def test_undecodable_body_is_a_400(raw: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """Finding 7: a non-UTF-8 body was a 500 (Quart's get_json decodes before it parses)."""
+    with trio.fail_after(DEADLINE_S):
+        async with admin_server() as (http, manager, _):
+            resp = await http.post(
+                "/workers", content=raw, headers={"Content-Type": "application/json"}
+            )
+            err = assert_envelope(resp, 400)
+            assert err["code"] == "json_parse_error"
+            assert len(manager.registry) == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
