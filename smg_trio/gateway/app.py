@@ -15,6 +15,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 from smg_trio.gateway import hypercorn_close, hypercorn_errors
+from smg_trio.gateway.asgi_guard import RequestGuard
 from smg_trio.gateway.asgi_shield import ShieldedFinish
 from smg_trio.gateway.backend import GatewayBackend
 from smg_trio.gateway.call import JSON_TYPE, Gateway, RequestCall, json_response
@@ -108,12 +109,14 @@ def create_app(
 
     # The hot routes skip Quart's per-request machinery; the Quart views below serve what the
     # middleware does not take (e.g. the app mounted under a root path).
-    app.asgi_app = InferenceRoutes(  # type: ignore[assignment,method-assign]
-        app.asgi_app,
-        {"/v1/chat/completions": chat_route, "/v1/completions": completions_route},
-        send_response,
-        max_body=config.max_body_bytes,
-        body_timeout_s=config.body_timeout_s,
+    app.asgi_app = RequestGuard(  # type: ignore[assignment,method-assign]
+        InferenceRoutes(
+            app.asgi_app,
+            {"/v1/chat/completions": chat_route, "/v1/completions": completions_route},
+            send_response,
+            max_body=config.max_body_bytes,
+            body_timeout_s=config.body_timeout_s,
+        )
     )
 
     @app.post("/v1/chat/completions")

@@ -4,12 +4,15 @@ traceback (nested JSON strings, undecodable bodies, WebSocket upgrades, ambiguou
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
+from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.fastroute import InferenceRoutes
 from tests.gateway.conftest import DEADLINE_S, HarnessFactory
 from tests.gateway.test_gateway_rejections import assert_envelope, assert_untouched
@@ -123,5 +126,85 @@ async def test_undecodable_body_is_a_400(
             )
             err = assert_envelope(resp, 400)
             assert err["code"] == "json_parse_error"
+            await assert_untouched(h)
+    assert not _errors(caplog)
+
+
+async def _raw_exchange(base_url: str, raw: bytes) -> bytes:
+    """Send ``raw`` on a fresh connection and read until the server closes it (the caller's
+    deadline fails the test if it never does)."""
+    url = httpx.URL(base_url)
+    assert url.host is not None
+    assert url.port is not None
+    data = b""
+    async with await trio.open_tcp_stream(url.host, url.port) as stream:
+        await stream.send_all(raw)
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    return data
+
+
+def _split(data: bytes) -> tuple[bytes, dict[str, Any], bytes]:
+    """The first response's head (lower-cased), its JSON error, and what followed it."""
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    body, rest = rest[:length], rest[length:]
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    return head.lower(), err, rest
+
+
+def _ws_upgrade(path: str, extra: str = "") -> bytes:
+    return (
+        f"GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        f"{extra}\r\n"
+    ).encode()
+
+
+@pytest.mark.parametrize("api_key", [None, "k"], ids=["open", "keyed"])
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/chat/completions", "/health", "/nope", "/"])
+async def test_websocket_upgrade_is_a_400_without_a_traceback(
+    harness: HarnessFactory, caplog: pytest.LogCaptureFixture, api_key: str | None, path: str
+) -> None:
+    """Finding 8: every WebSocket upgrade was a 500 with an empty body and a logged
+    traceback, with or without --api-key."""
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=GatewayHttpConfig(api_key=api_key)) as h:
+            head, err, _ = _split(await _raw_exchange(h.base_url, _ws_upgrade(path)))
+            assert head.startswith(b"http/1.1 400 "), head
+            assert b"content-type: application/json" in head
+            assert err["code"] == "websocket_not_supported"
+            await assert_untouched(h)
+    assert not _errors(caplog)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/models"])
+async def test_content_length_and_transfer_encoding_is_a_400_and_a_close(
+    harness: HarnessFactory, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    """Finding 9: both framings on one request (a smuggling shape) was served on a kept-alive
+    connection. Now: a 400, ``connection: close``, the connection really closed, and the
+    request pipelined behind it never answered."""
+    body = json.dumps({"model": "M", "prompt": "hi", "max_tokens": 1}).encode()
+    smuggled = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    raw = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nTransfer-Encoding: chunked\r\n\r\n"
+        f"{len(body):x}\r\n"
+    ).encode()
+    raw += body + b"\r\n0\r\n\r\n" + smuggled
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            head, err, rest = _split(await _raw_exchange(h.base_url, raw))
+            assert head.startswith(b"http/1.1 400 "), head
+            assert b"connection: close" in head
+            assert err["code"] == "invalid_http_request"
+            assert rest == b""  # closed: the pipelined request was never served
             await assert_untouched(h)
     assert not _errors(caplog)
