@@ -12,7 +12,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from quart import Request, Response, request
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from smg_trio.gateway import hypercorn_close, hypercorn_errors
 from smg_trio.gateway.asgi_guard import RequestGuard
@@ -173,7 +173,10 @@ def create_app(
         status = exc.code or 500
         code = {404: "not_found", 405: "method_not_allowed"}.get(status)
         err = ApiError(status, exc.description or exc.name, code=code)
-        return json_response(status, err.body(), gw.request_id(_current()))
+        resp = json_response(status, err.body(), gw.request_id(_current()))
+        if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
+            resp.headers["Allow"] = ", ".join(sorted(exc.valid_methods))  # RFC 9110 15.5.6
+        return resp
 
     @app.errorhandler(Exception)
     async def internal_error(exc: Exception) -> Response:

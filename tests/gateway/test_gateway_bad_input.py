@@ -208,3 +208,82 @@ async def test_content_length_and_transfer_encoding_is_a_400_and_a_close(
             assert rest == b""  # closed: the pipelined request was never served
             await assert_untouched(h)
     assert not _errors(caplog)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/v1/chat/completions", {"POST"}),
+        ("PUT", "/v1/completions", {"POST"}),
+        ("DELETE", "/v1/models", {"GET"}),
+        ("POST", "/health", {"GET"}),
+    ],
+)
+async def test_405_carries_allow(
+    harness: HarnessFactory, method: str, path: str, allowed: set[str]
+) -> None:
+    """Finding 9: 405 responses lacked ``Allow`` (RFC 9110 15.5.6 requires it)."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            resp = await h.http.request(method, path)
+            assert_envelope(resp, 405)
+            allow = {m.strip() for m in resp.headers["allow"].split(",")}
+            assert allowed <= allow
+            assert method not in allow
+
+
+UNAUTHENTICATED: list[bytes] = [
+    b"FOO /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"TRACE / HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+    b"GET http://evil/v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: \xff\xfe\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Basic Zm9v\r\n"
+    b"Content-Length: 2\r\nContent-Type: application/json\r\n\r\n{}",
+    b"GET /v1/models/%ff%00 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /workers HTTP/1.1\r\nHost: x\r\n\r\n",
+    _ws_upgrade("/v1/models", "Authorization: Bearer wrong\r\n"),
+]
+
+
+@pytest.mark.parametrize("raw", UNAUTHENTICATED, ids=range(len(UNAUTHENTICATED)))
+async def test_unauthenticated_requests_never_log_a_traceback(
+    harness: HarnessFactory, caplog: pytest.LogCaptureFixture, raw: bytes
+) -> None:
+    """Odd methods, odd targets and bad keys are answered (4xx, the envelope when there is a
+    body) with nothing logged at ERROR and no traceback: no unauthenticated log flood."""
+    caplog.set_level(logging.DEBUG)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=GatewayHttpConfig(api_key="k")) as h:
+            if b"Upgrade:" not in raw:  # read to the end: ask for the close
+                raw = raw.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
+            data = await _raw_exchange(h.base_url, raw)
+            status = int(data.split(b" ", 2)[1])
+            assert 400 <= status < 500, data
+            await assert_untouched(h)
+    assert not _errors(caplog)
+
+
+async def test_logged_request_values_are_escaped(
+    harness: HarnessFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the gateway logs about a request is validated first (the request id) or escaped
+    (the Content-Type), so no header can forge or colour a log line."""
+    caplog.set_level(logging.DEBUG, logger="smg_trio.gateway")
+    hostile = "application/json; x=\x85\x1b\t\xe9"
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            raw = (
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                f"Content-Type: {hostile}\r\nx-request-id: forged\x85id\r\n"
+                "Content-Length: 2\r\n\r\n{}"
+            ).encode("latin-1")
+            data = await _raw_exchange(h.base_url, raw)
+            assert data.startswith(b"HTTP/1.1 400 "), data
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("smg_trio.gateway")]
+    assert any("started" in line for line in lines)
+    for line in lines:
+        assert line.isprintable(), line
+        assert "forged" not in line  # an invalid request id is replaced, never logged
