@@ -209,15 +209,19 @@ async def serve_http(
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     cfg.graceful_timeout = graceful_timeout_s
+    stopped = trio.Event()
     async with trio.open_nursery() as nursery:
 
         async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
-            await hypercorn_serve(
-                ShieldedFinish(app),  # type: ignore[arg-type]
-                cfg,
-                shutdown_trigger=shutdown_trigger,
-                task_status=task_status,
-            )
+            try:
+                await hypercorn_serve(
+                    ShieldedFinish(app),  # type: ignore[arg-type]
+                    cfg,
+                    shutdown_trigger=shutdown_trigger,
+                    task_status=task_status,
+                )
+            finally:
+                stopped.set()
             nursery.cancel_scope.cancel()  # it ended by itself (shutdown_trigger)
 
         binds: list[str] = await nursery.start(run_server)
@@ -227,7 +231,13 @@ async def serve_http(
         finally:
             # Stopping: a write blocked on a client that stopped reading would hold its
             # connection, and so the server, open for as long as that client stays connected.
-            with trio.CancelScope(shield=True):  # bounded by BLOCKED_WRITE_GRACE_S
-                stuck = await hypercorn_close.close_blocked_writes()
+            # Swept until the server has stopped, not once: a response's last message is sent
+            # under a shield, so a write can start (and block) after stopping began.
+            stuck = 0
+            with trio.CancelScope(shield=True):  # each sweep bounded by BLOCKED_WRITE_GRACE_S
+                while not stopped.is_set():
+                    stuck += await hypercorn_close.close_blocked_writes()
+                    with trio.move_on_after(hypercorn_close.BLOCKED_WRITE_GRACE_S):
+                        await stopped.wait()
             if stuck:
                 log.warning("closed %d connection(s) whose client stopped reading", stuck)
