@@ -287,3 +287,21 @@ async def test_logged_request_values_are_escaped(
     for line in lines:
         assert line.isprintable(), line
         assert "forged" not in line  # an invalid request id is replaced, never logged
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_draining_refuses_before_reading_the_body(harness: HarnessFactory, path: str) -> None:
+    """A draining gateway answers 503 from the headers: it does not wait for (or tokenize) a
+    body it will refuse, so requests arriving during a drain cannot keep it busy."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000000\r\n\r\n"
+    ).encode()
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=GatewayHttpConfig(body_timeout_s=3600.0)) as h:
+            h.backend.start_draining()
+            data = await _raw_exchange(h.base_url, head)  # the body never comes
+            head_out, err, _ = _split(data)
+            assert head_out.startswith(b"http/1.1 503 "), head_out
+            assert err["code"] == "draining"
+            assert h.engine.requests == []
