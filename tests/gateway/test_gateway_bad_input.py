@@ -96,16 +96,20 @@ UNDECODABLE: dict[str, list[bytes]] = {
         b'{"model": "M", "messages": [{"role": "user", "content": "\xff"}]}',
         b'\xfe\xff{"model": "M", "messages": []}',
         b'{"model": "M", "messages": [{"role": "user", "content": ' + LONE.encode() + b"}]}",
+        b'{"model": "M", "messages": [{"role": "user", "content": "hi"}], "x": "\xff"}',
     ],
     "/v1/completions": [
         b'{"model": "M", "prompt": "\xff"}',
         b'\xfe\xff{"model": "M", "prompt": "x"}',
         b'{"model": "M", "prompt": ' + LONE.encode() + b"}",
+        b'{"model": "M", "prompt": "hi", "vendor": {"x": "\xff"}}',
     ],
 }
 
 
-@pytest.mark.parametrize("which", [0, 1, 2], ids=["non-utf8-string", "bom", "lone-surrogate"])
+@pytest.mark.parametrize(
+    "which", [0, 1, 2, 3], ids=["non-utf8-string", "bom", "lone-surrogate", "non-utf8-ignored"]
+)
 @pytest.mark.parametrize("path", sorted(UNDECODABLE))
 @pytest.mark.parametrize("quart", [False, True], ids=["fastroute", "quart"])
 async def test_undecodable_body_is_a_400(
