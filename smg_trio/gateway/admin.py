@@ -7,6 +7,7 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
+from smg_trio import jsontext
 from smg_trio.errors import ValidationError
 from smg_trio.gateway.call import bearer_matches
 from smg_trio.gateway.errors import ApiError
@@ -81,10 +82,9 @@ def admin_blueprint(
 
     @bp.post("/workers")
     async def add_worker() -> Response | tuple[dict[str, Any], int, dict[str, str]]:
-        body = await request.get_json(force=True, silent=True)
         try:
-            if body is None:
-                raise ValidationError("the request body is not valid JSON")
+            # the body's own decoder (UTF-8, no lone surrogates), never a 500
+            body = jsontext.loads(await request.get_data(), param=None, what="the request body")
             spec = _parse_spec(body)
             await manager.check_spec(spec)
             job = manager.add_worker(spec)

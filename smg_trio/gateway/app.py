@@ -13,10 +13,11 @@ from hypercorn.trio import serve as hypercorn_serve
 from quart import Request, Response, request
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from smg_trio import __version__
 from smg_trio.gateway import hypercorn_close, hypercorn_errors
+from smg_trio.gateway.asgi_guard import RequestGuard
 from smg_trio.gateway.asgi_shield import ShieldedFinish
 from smg_trio.gateway.backend import GatewayBackend
 from smg_trio.gateway.call import JSON_TYPE, Gateway, RequestCall, json_response
@@ -111,12 +112,14 @@ def create_app(
 
     # The hot routes skip Quart's per-request machinery; the Quart views below serve what the
     # middleware does not take (e.g. the app mounted under a root path).
-    app.asgi_app = InferenceRoutes(  # type: ignore[assignment,method-assign]
-        app.asgi_app,
-        {"/v1/chat/completions": chat_route, "/v1/completions": completions_route},
-        send_response,
-        max_body=config.max_body_bytes,
-        body_timeout_s=config.body_timeout_s,
+    app.asgi_app = RequestGuard(  # type: ignore[assignment,method-assign]
+        InferenceRoutes(
+            app.asgi_app,
+            {"/v1/chat/completions": chat_route, "/v1/completions": completions_route},
+            send_response,
+            max_body=config.max_body_bytes,
+            body_timeout_s=config.body_timeout_s,
+        )
     )
 
     @app.post("/v1/chat/completions")
@@ -179,7 +182,10 @@ def create_app(
         status = exc.code or 500
         code = {404: "not_found", 405: "method_not_allowed"}.get(status)
         err = ApiError(status, exc.description or exc.name, code=code)
-        return json_response(status, err.body(), gw.request_id(_current()))
+        resp = json_response(status, err.body(), gw.request_id(_current()))
+        if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
+            resp.headers["Allow"] = ", ".join(sorted(exc.valid_methods))  # RFC 9110 15.5.6
+        return resp
 
     @app.errorhandler(Exception)
     async def internal_error(exc: Exception) -> Response:
@@ -212,15 +218,19 @@ async def serve_http(
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     cfg.graceful_timeout = graceful_timeout_s
+    stopped = trio.Event()
     async with trio.open_nursery() as nursery:
 
         async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
-            await hypercorn_serve(
-                ShieldedFinish(app),  # type: ignore[arg-type]
-                cfg,
-                shutdown_trigger=shutdown_trigger,
-                task_status=task_status,
-            )
+            try:
+                await hypercorn_serve(
+                    ShieldedFinish(app),  # type: ignore[arg-type]
+                    cfg,
+                    shutdown_trigger=shutdown_trigger,
+                    task_status=task_status,
+                )
+            finally:
+                stopped.set()
             nursery.cancel_scope.cancel()  # it ended by itself (shutdown_trigger)
 
         binds: list[str] = await nursery.start(run_server)
@@ -230,7 +240,13 @@ async def serve_http(
         finally:
             # Stopping: a write blocked on a client that stopped reading would hold its
             # connection, and so the server, open for as long as that client stays connected.
-            with trio.CancelScope(shield=True):  # bounded by BLOCKED_WRITE_GRACE_S
-                stuck = await hypercorn_close.close_blocked_writes()
+            # Swept until the server has stopped, not once: a response's last message is sent
+            # under a shield, so a write can start (and block) after stopping began.
+            stuck = 0
+            with trio.CancelScope(shield=True):  # each sweep bounded by BLOCKED_WRITE_GRACE_S
+                while not stopped.is_set():
+                    stuck += await hypercorn_close.close_blocked_writes()
+                    with trio.move_on_after(hypercorn_close.BLOCKED_WRITE_GRACE_S):
+                        await stopped.wait()
             if stuck:
                 log.warning("closed %d connection(s) whose client stopped reading", stuck)

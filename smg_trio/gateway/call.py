@@ -175,8 +175,11 @@ class RequestCall:
     async def read_body(self, type_: type[T]) -> T:
         """Auth, then ``Content-Type`` (415 unless ``application/json``, parameters such as
         ``charset`` allowed), then the body (413 too large, 408 too slow), decoded into
-        ``type_`` (400 naming the field)."""
+        ``type_`` (400 naming the field). While draining: 503 before the body is read, so a
+        stopping gateway spends nothing (reading, tokenizing) on requests it will refuse."""
         self.gw.check_auth(self.request)
+        if self.gw.backend.draining:
+            raise ApiError(503, "the gateway is shutting down", code="draining")
         mime = (self.request.mimetype or "").lower()
         if mime != JSON_TYPE and not (mime.startswith("application/") and mime.endswith("+json")):
             raise ApiError(

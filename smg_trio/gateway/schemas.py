@@ -301,7 +301,18 @@ _MISSING = re.compile(r"missing required field `([^`]+)`")
 def decode_body(data: bytes, type_: type[T]) -> T:
     """Decode a JSON body into ``type_``. Raises :class:`ApiError` 400: ``json_parse_error``
     for malformed JSON, ``invalid_type``/``invalid_value`` with ``param`` set to the field path
-    (``messages[0].role``) for a body of the wrong shape (including a non-object body)."""
+    (``messages[0].role``) for a body of the wrong shape (including a non-object body), and
+    ``json_parse_error`` for a body that is not UTF-8 anywhere, even in a field that is ignored
+    (msgspec skips unknown fields without checking them; RFC 8259 8.1)."""
+    if not data.isascii():  # the common case costs one scan, no copy
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ApiError(
+                400,
+                f"the request body is not valid UTF-8 (byte {exc.start})",
+                code="json_parse_error",
+            ) from None
     try:
         return msgspec.json.decode(data, type=type_)
     except msgspec.ValidationError as exc:

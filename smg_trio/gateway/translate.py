@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 import msgspec
 
+from smg_trio import jsontext
 from smg_trio.errors import UnsupportedField, ValidationError
 from smg_trio.gateway.backend import ServedModel
 from smg_trio.gateway.config import GatewayHttpConfig
@@ -173,14 +174,15 @@ def _constraints(body: SamplingRequest) -> list[tuple[str, str, StructuredOutput
         kinds = so.kinds()
         if len(kinds) != 1:
             raise _bad("structured_outputs must set exactly one constraint", "structured_outputs")
+        for key in ("json", "structural_tag"):  # JSON in a string: checked like the body
+            text = getattr(so, key)
+            if isinstance(text, str):
+                jsontext.loads(text, param=f"structured_outputs.{key}")
         found.append((f"structured_outputs.{kinds[0]}", kinds[0], so))
     if body.guided_json is not None:
         schema = body.guided_json
         if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except ValueError:
-                raise _bad("guided_json is not valid JSON", "guided_json") from None
+            schema = jsontext.loads(schema, param="guided_json")
         found.append(("guided_json", "json", StructuredOutputs(json=schema)))
     if body.guided_regex is not None:
         found.append(("guided_regex", "regex", StructuredOutputs(regex=body.guided_regex)))

@@ -13,6 +13,7 @@ import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from smg_trio import jsontext
 from smg_trio.errors import ValidationError
 
 __all__ = [
@@ -115,10 +116,7 @@ def _parse_tool_calls(tool_calls: Any, where: str) -> Any:
         args = fn.get("arguments") if isinstance(fn, Mapping) else None
         if isinstance(call, Mapping) and isinstance(fn, Mapping) and isinstance(args, str):
             param = f"{where}.tool_calls[{j}].function.arguments"
-            try:
-                parsed = json.loads(args)
-            except ValueError as exc:
-                raise ValidationError(f"{param} is not valid JSON: {exc}", param=param) from None
+            parsed = jsontext.loads(args, param=param)
             call = {**call, "function": {**fn, "arguments": parsed}}
         out.append(call)
     return out

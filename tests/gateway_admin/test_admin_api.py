@@ -346,3 +346,21 @@ async def test_model_paths_outside_the_roots_are_400_without_saying_if_they_exis
             assert len(manager.registry) == 0
             assert not manager.jobs
             assert os.listdir(ns.directory) == []  # nothing was created for "sub/"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"url": "\xff"}', b"\xff\xfe{}", b'{"url": "ipc:///x\\ud800"}'],
+    ids=["non-utf8-in-string", "non-utf8-bom", "lone-surrogate"],
+)
+async def test_undecodable_body_is_a_400(raw: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """Finding 7: a non-UTF-8 body was a 500 (Quart's get_json decodes before it parses)."""
+    with trio.fail_after(DEADLINE_S):
+        async with admin_server() as (http, manager, _):
+            resp = await http.post(
+                "/workers", content=raw, headers={"Content-Type": "application/json"}
+            )
+            err = assert_envelope(resp, 400)
+            assert err["code"] == "json_parse_error"
+            assert len(manager.registry) == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

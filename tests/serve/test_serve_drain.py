@@ -242,3 +242,62 @@ async def test_client_that_stops_reading_does_not_hold_shutdown(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_sigterm_during_mixed_abuse_exits_in_time(sock_dir: str, tmp_path: Path) -> None:
+    """Issue 18 finding 9 (two SIGTERMs once ignored after mixed attacks): with a stream whose
+    client never reads, a slowloris, a huge upload in progress and a WebSocket attempt all
+    open, one SIGTERM still ends the process (grace, flush and write bounds), exit 0, with no
+    traceback logged."""
+    proc, base = await _start(sock_dir, tmp_path, GRACE_S)
+    children = descendants(proc.pid)
+    url = httpx.URL(base)
+    assert url.host is not None
+    assert url.port is not None
+    socks: list[trio.socket.SocketType] = []
+
+    async def connect(rcvbuf: int | None = None) -> trio.socket.SocketType:
+        sock = trio.socket.socket()
+        socks.append(sock)
+        if rcvbuf is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        await sock.connect((url.host, url.port))
+        return sock
+
+    try:
+        payload = json.dumps({**_body(True), "max_tokens": 4000, "n": 4}).encode()
+        deaf = await connect(rcvbuf=4096)
+        await deaf.send(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        slowloris = await connect()
+        await slowloris.send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+        upload = await connect()
+        await upload.send(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 30000000\r\n\r\n" + b'{"prompt": "' + b"a" * 1_000_000
+        )
+        ws = await connect()
+        await ws.send(
+            b"GET /v1/models HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        # both the stream and the upload are in flight (the upload waits for its body)
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            while "smg_router_requests_in_flight 2.0" not in (await client.get("/metrics")).text:
+                pass
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(GRACE_S + 30):
+            code = await proc.wait()
+        stderr = (tmp_path / "serve.stderr").read_text(errors="replace")
+        assert code == 0, stderr[-3000:]
+        assert "Traceback" not in stderr, stderr[-3000:]
+        assert await wait_all_gone(children) == set()
+    finally:
+        for sock in socks:
+            sock.close()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -1,0 +1,77 @@
+"""Stopping the HTTP server never waits on a client that stopped reading, whenever the write
+to it started (issue 18 finding 9: a gateway once ignored two SIGTERMs).
+
+``serve_http`` closes writes still blocked after a grace when it stops. It did so once, at the
+moment stopping began: a write that started later (a response's last message is sent under a
+shield, so a cancelled handler can still start one) stayed blocked for as long as its client
+stayed connected, and the server, so the process, never finished stopping.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from smg_trio.gateway import hypercorn_close
+from smg_trio.gateway.app import serve_http
+
+DEADLINE_S = 10.0
+#: Far more than loopback socket buffers hold, so the write blocks on a client not reading.
+BIG = 64 << 20
+
+
+async def test_a_write_that_blocks_after_stopping_began_is_closed(monkeypatch: Any) -> None:
+    first_pass = trio.Event()
+    real = hypercorn_close.close_blocked_writes
+
+    async def spy(grace_s: float = hypercorn_close.BLOCKED_WRITE_GRACE_S) -> int:
+        closed = await real(grace_s)
+        first_pass.set()
+        return closed
+
+    monkeypatch.setattr(hypercorn_close, "close_blocked_writes", spy)
+    responding = trio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        head = [(b"content-length", str(BIG + 1).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": b"x", "more_body": True})
+        responding.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):  # the shape of a shielded last message
+                await first_pass.wait()  # begins after the server's first sweep
+                await send({"type": "http.response.body", "body": b"x" * BIG})
+
+    stopped = trio.Event()
+    async with trio.open_nursery() as outer:
+        server_scope = trio.CancelScope()
+
+        async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+            with server_scope:
+                await serve_http(app, "127.0.0.1", 0, task_status=task_status)  # type: ignore[arg-type]
+            stopped.set()
+
+        binds = await outer.start(run)
+        host, port = binds[0].removeprefix("http://").rsplit(":", 1)
+        sock = trio.socket.socket()
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+        await sock.connect((host, int(port)))
+        client = trio.SocketStream(sock)
+        await client.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        with trio.fail_after(DEADLINE_S):
+            await responding.wait()
+        server_scope.cancel()  # stop, as the drain does; the client never reads
+        with trio.move_on_after(DEADLINE_S):
+            await stopped.wait()
+        in_time = stopped.is_set()
+        await client.aclose()  # unblocks a wedged server, so this test never hangs itself
+    assert in_time, "the server kept waiting on a client that is not reading"
