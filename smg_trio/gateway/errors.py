@@ -89,6 +89,8 @@ class ApiError(Exception):
         super().__init__(message)
         self.status = status
         self.detail = ErrorDetail(message, error_type or error_type_for(status), param, code)
+        #: Extra response headers (``retry-after`` on a 429).
+        self.headers: dict[str, str] = {}
 
     def body(self) -> bytes:
         """The JSON envelope."""
