@@ -114,7 +114,7 @@ def parse_prompts(
         if isinstance(item, str):
             if not item:
                 raise _bad_prompt("a prompt must not be empty", param)
-            fits(len(item), param, False)
+            fits(len(item), "prompt" if raw is item else param, False)
             ids = tok.encode(item, add_special_tokens=True)
             if not ids:
                 raise _bad_prompt("the prompt encodes to no tokens", param)

@@ -1,6 +1,6 @@
 """Measure chat-template rendering and tokenization cost by prompt size (docs/performance.md).
 
-Usage: ``python scripts/measure_tokenize.py [--deepseek DIR] [--rss-mib 30]``
+Usage: ``python bench/measure_tokenize.py [--deepseek DIR] [--rss-mib 30]``
 
 For each tokenizer (the tiny test model's, and the DeepSeek vocabulary when ``--deepseek``
 names a directory holding its ``tokenizer.json``) and each size, prints the time to render a
@@ -17,15 +17,17 @@ import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import trio
 
 from smg_trio.testing.tiny_model import build_tiny_model
 from smg_trio.tokenizer import Tokenizer
 
 SIZES = (1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
-_WORDS = "the quick brown fox jumps over the lazy dog 12345 naïve café 東京 🙂 ".split()
+_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "12345", "naïve", "東京")
 
 
 def text_of(size: int) -> str:
@@ -49,18 +51,27 @@ def render_encode(tok: Tokenizer, text: str) -> int:
     return len(tok.encode(prompt))
 
 
-def longest_gap_while(fn: object) -> float:
-    """Run ``fn`` in a thread; the longest the main thread waited for the GIL between 1 ms
-    sleeps (what the event loop would see)."""
-    done = threading.Event()
-    t = threading.Thread(target=lambda: (fn(), done.set()))  # type: ignore[operator]
+def longest_gap_while(fn: Callable[[], object]) -> float:
+    """Run ``fn`` in a worker thread (``trio.to_thread``, as the gateway does); the longest
+    a 1 ms ticker on the event loop overslept meanwhile (what other requests would see)."""
     worst = 0.0
-    t.start()
-    while not done.is_set():
-        t0 = time.perf_counter()
-        time.sleep(0.001)
-        worst = max(worst, time.perf_counter() - t0 - 0.001)
-    t.join()
+
+    async def run() -> None:
+        nonlocal worst
+        async with trio.open_nursery() as nursery:
+
+            async def tick() -> None:
+                nonlocal worst
+                while True:
+                    t0 = time.perf_counter()
+                    await trio.sleep(0.001)
+                    worst = max(worst, time.perf_counter() - t0 - 0.001)
+
+            nursery.start_soon(tick)
+            await trio.to_thread.run_sync(fn)
+            nursery.cancel_scope.cancel()
+
+    trio.run(run)
     return worst
 
 
@@ -86,7 +97,9 @@ def _rss_child(model_dir: str, mib: int) -> None:
     n = len(tok.encode(text))
     dt = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(f"{mib} MiB prompt: {n} tokens in {dt:.1f} s; peak RSS {before // 1024} -> {peak // 1024} MB")
+    print(
+        f"{mib} MiB prompt: {n} tokens in {dt:.1f} s; peak RSS {before // 1024} -> {peak // 1024} MB"
+    )
 
 
 def main() -> None:
