@@ -20,6 +20,14 @@ from typing import Any
 import trio
 
 from smg_trio import __version__
+from smg_trio.gateway.config import (
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_SEQUENCES_PER_REQUEST,
+    DEFAULT_QUEUE_SIZE,
+    DEFAULT_QUEUE_TIMEOUT_S,
+    DEFAULT_WRITE_TIMEOUT_S,
+    REQUEST_TOKENS_CONTEXTS,
+)
 
 __all__ = ["main"]
 
@@ -149,6 +157,45 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=_int_at_least(1),
         default=16,
         help="largest n accepted (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-sequences-per-request",
+        type=_int_at_least(1),
+        default=DEFAULT_MAX_SEQUENCES_PER_REQUEST,
+        help="most sequences (prompts x n) one request may start (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-tokens-per-request",
+        type=_int_at_least(1),
+        default=None,
+        help="most completion tokens one request may ask for across its sequences (max_tokens, "
+        f"or the rest of the context when unset) (default: {REQUEST_TOKENS_CONTEXTS} x the "
+        "model's context length)",
+    )
+    g.add_argument(
+        "--max-concurrent-requests",
+        type=_int_at_least(1),
+        default=DEFAULT_MAX_CONCURRENT_REQUESTS,
+        help="inference requests served at once; more wait in a queue (default %(default)s)",
+    )
+    g.add_argument(
+        "--queue-size",
+        type=_int_at_least(0),
+        default=DEFAULT_QUEUE_SIZE,
+        help="requests that may wait for a slot; more get 429 at once (default %(default)s)",
+    )
+    g.add_argument(
+        "--queue-timeout-secs",
+        type=_seconds(allow_zero=True, allow_inf=True),
+        default=DEFAULT_QUEUE_TIMEOUT_S,
+        help="how long a request waits for a slot before its 429 (default %(default)s)",
+    )
+    g.add_argument(
+        "--write-timeout-secs",
+        type=_seconds(allow_zero=False, allow_inf=True),
+        default=DEFAULT_WRITE_TIMEOUT_S,
+        help="drop a client whose response write has been blocked this long; its engine "
+        "requests are aborted (default %(default)s)",
     )
     g.add_argument(
         "--worker-startup-timeout-secs",
@@ -330,6 +377,12 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "admin_api_key": args.admin_api_key,
         "reasoning_parser": args.reasoning_parser,
         "max_n": args.max_n,
+        "max_sequences_per_request": args.max_sequences_per_request,
+        "max_tokens_per_request": args.max_tokens_per_request,
+        "max_concurrent_requests": args.max_concurrent_requests,
+        "queue_size": args.queue_size,
+        "queue_timeout_s": args.queue_timeout_secs,
+        "write_timeout_s": args.write_timeout_secs,
         "worker_startup_timeout_s": args.worker_startup_timeout_secs,
         "engine_silence_timeout_s": args.engine_silence_timeout_secs,
         "shutdown_grace_period_s": args.shutdown_grace_period_secs,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -23,7 +24,7 @@ from smg_trio.gateway.backend import GatewayBackend
 from smg_trio.gateway.call import JSON_TYPE, Gateway, RequestCall, json_response
 from smg_trio.gateway.chat import handle_chat
 from smg_trio.gateway.completions import handle_completions
-from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.config import DEFAULT_WRITE_TIMEOUT_S, GatewayHttpConfig
 from smg_trio.gateway.direct import SERVER_SEND_KEY, DirectSocket
 from smg_trio.gateway.errors import ApiError, to_api_error
 from smg_trio.gateway.fastroute import AsgiRequest, InferenceRoutes
@@ -34,9 +35,14 @@ from smg_trio.gateway.openapi import openapi_document
 from smg_trio.gateway.sse import StreamBody
 from smg_trio.tokenizer import REASONING_PARSERS
 
-__all__ = ["GATEWAY_KEY", "create_app", "gateway_of", "serve_http"]
+__all__ = ["GATEWAY_KEY", "create_app", "gateway_of", "listen_backlog", "serve_http"]
 
 log = logging.getLogger(__name__)
+
+#: The kernel's cap on a listening socket's accept queue (``listen(2)`` clamps to it).
+SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
+#: The backlog when ``SOMAXCONN_PATH`` cannot be read (Linux's default since 5.4).
+DEFAULT_BACKLOG = 4096
 
 #: ``app.extensions`` key holding the app's :class:`~smg_trio.gateway.call.Gateway`.
 GATEWAY_KEY = "smg_trio.gateway"
@@ -195,6 +201,28 @@ def create_app(
     return app
 
 
+def listen_backlog(path: str = SOMAXCONN_PATH) -> int:
+    """The listen backlog: the kernel's ``somaxconn`` (hypercorn's default, 100, drops
+    connections of a burst that the gateway could serve), else :data:`DEFAULT_BACKLOG`."""
+    try:
+        with open(path, encoding="ascii") as f:
+            value = int(f.read().strip())
+    except (OSError, ValueError):
+        return DEFAULT_BACKLOG
+    return value if value > 0 else DEFAULT_BACKLOG
+
+
+def hyper_config(host: str, port: int, graceful_timeout_s: float) -> HyperConfig:
+    """Hypercorn's config for :func:`serve_http`."""
+    cfg = HyperConfig()
+    cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    cfg.accesslog = None
+    cfg.errorlog = logging.getLogger("hypercorn.error")
+    cfg.graceful_timeout = graceful_timeout_s
+    cfg.backlog = listen_backlog()
+    return cfg
+
+
 async def serve_http(
     app: QuartTrio,
     host: str = "127.0.0.1",
@@ -209,17 +237,21 @@ async def serve_http(
     For ``binds = await nursery.start(serve_http, app, host, port)``: ``binds`` is the list of
     bound base URLs, e.g. ``["http://127.0.0.1:41234"]``. Runs until cancelled or until
     ``shutdown_trigger()`` returns; then in-flight requests get ``graceful_timeout_s`` seconds
-    to finish. Hypercorn logs through the ``hypercorn.error`` logger; no access log.
+    to finish. Hypercorn logs through the ``hypercorn.error`` logger; no access log. A write
+    blocked for the app's ``write_timeout_s`` drops its connection; the listen backlog is
+    :func:`listen_backlog`.
     """
     hypercorn_close.install()
     hypercorn_errors.install()
-    cfg = HyperConfig()
-    cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    cfg.accesslog = None
-    cfg.errorlog = logging.getLogger("hypercorn.error")
-    cfg.graceful_timeout = graceful_timeout_s
+    cfg = hyper_config(host, port, graceful_timeout_s)
+    gw = app.extensions.get(GATEWAY_KEY)
+    write_timeout_s = (
+        gw.config.write_timeout_s if isinstance(gw, Gateway) else DEFAULT_WRITE_TIMEOUT_S
+    )
     stopped = trio.Event()
     async with trio.open_nursery() as nursery:
+        if math.isfinite(write_timeout_s):
+            nursery.start_soon(hypercorn_close.drop_stalled_writes, cfg, write_timeout_s)
 
         async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
             try:

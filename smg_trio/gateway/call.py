@@ -10,7 +10,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import msgspec
 import trio
@@ -19,6 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from smg_trio.connector.client import EngineClient
 from smg_trio.errors import EngineError
+from smg_trio.gateway.admission import AdmissionGate
 from smg_trio.gateway.backend import GatewayBackend, NoWorkerAvailable, ServedModel, WorkerLease
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.errors import ApiError, EngineRequestFailed, model_not_found, to_api_error
@@ -29,6 +30,8 @@ from smg_trio.gateway.schemas import decode_body
 __all__ = [
     "JSON_TYPE",
     "SSE_HEADERS",
+    "TOKENIZER_THREADS",
+    "TOKENIZE_OFFLOAD_BYTES",
     "Gateway",
     "RequestCall",
     "bearer_matches",
@@ -48,12 +51,27 @@ _MAX_REQUEST_ID = 256
 #: Leases tried when looking for a worker other than the one that asked for a retry.
 _RETRY_PICKS = 4
 
+#: Request bodies from this size on are rendered and tokenized in a worker thread (HF
+#: ``tokenizers`` releases the GIL while it encodes); smaller ones inline, where a thread
+#: round trip would cost more than the work. Measured in docs/performance.md: an 8 KiB prompt
+#: renders and encodes in about 3-5 ms, a 1 MiB one in about 1 s.
+TOKENIZE_OFFLOAD_BYTES: Final = 8 * 1024
+#: Worker threads tokenizing large prompts at once (more wait), which bounds their memory too.
+TOKENIZER_THREADS: Final = 4
 
-def json_response(status: int, body: bytes, request_id: str | None = None) -> Response:
-    """A JSON response, with ``x-request-id`` when given."""
+
+def json_response(
+    status: int,
+    body: bytes,
+    request_id: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """A JSON response, with ``x-request-id`` when given (and ``headers``)."""
     resp = Response(body, status=status, content_type=JSON_TYPE)
     if request_id is not None:
         resp.headers["x-request-id"] = request_id
+    if headers:
+        resp.headers.update(headers)
     return resp
 
 
@@ -83,6 +101,11 @@ class Gateway:
         self._id_nonce = secrets.token_hex(3)
         self._id_seq = itertools.count()
         self._api_key = None if config.api_key is None else config.api_key.encode()
+        self.admission = AdmissionGate(
+            config.max_concurrent_requests, config.queue_size, config.queue_timeout_s
+        )
+        self.tokenizer_limiter = trio.CapacityLimiter(TOKENIZER_THREADS)
+        metrics.watch_admission(self.admission)
 
     def request_id(self, request: Request | AsgiRequest) -> str:
         """The first configured request-id header present (printable ASCII without spaces,
@@ -166,6 +189,9 @@ class RequestCall:
         self._lease_cm: AbstractContextManager[WorkerLease] | None = None
         self._lease: WorkerLease | None = None
         self._closed = False
+        self._admitted = False
+        #: Size of the request body, which decides whether tokenizing goes to a thread.
+        self.body_bytes = 0
         gw.metrics.in_flight.inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s started (Content-Type %r)", rid, endpoint, request.content_type)
@@ -174,9 +200,10 @@ class RequestCall:
 
     async def read_body(self, type_: type[T]) -> T:
         """Auth, then ``Content-Type`` (415 unless ``application/json``, parameters such as
-        ``charset`` allowed), then the body (413 too large, 408 too slow), decoded into
-        ``type_`` (400 naming the field). While draining: 503 before the body is read, so a
-        stopping gateway spends nothing (reading, tokenizing) on requests it will refuse."""
+        ``charset`` allowed), then the body (413 too large, 408 too slow), then a slot under
+        ``--max-concurrent-requests`` (429 when none frees in time), then the body decoded
+        into ``type_`` (400 naming the field). While draining: 503 before the body is read, so
+        a stopping gateway spends nothing (reading, tokenizing) on requests it will refuse."""
         self.gw.check_auth(self.request)
         if self.gw.backend.draining:
             raise ApiError(503, "the gateway is shutting down", code="draining")
@@ -194,7 +221,20 @@ class RequestCall:
             raise ApiError(exc.code or 400, exc.description or exc.name) from None
         if not isinstance(data, bytes):
             data = data.encode()
+        self.body_bytes = len(data)
+        await self.gw.admission.enter(self)
+        self._admitted = True
         return decode_body(data, type_)
+
+    async def tokenize(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (chat-template rendering, encoding) inline for a small request, or in a
+        worker thread from :data:`TOKENIZE_OFFLOAD_BYTES` of body on, so that the event loop
+        never waits for it. The thread is not abandoned on cancellation (structured
+        concurrency): a client that goes away waits for at most one encode of a prompt that
+        can fit the context (larger ones are refused before encoding)."""
+        if self.body_bytes < TOKENIZE_OFFLOAD_BYTES:
+            return fn()
+        return await trio.to_thread.run_sync(fn, limiter=self.gw.tokenizer_limiter)
 
     def reserve_engine_id(self) -> str:
         """The engine request id base: the response id plus a gateway-unique suffix."""
@@ -261,10 +301,7 @@ class RequestCall:
         """The JSON error response for ``exc`` (closes the call)."""
         err = to_api_error(exc)
         self.close(err.status, err.detail.code, exc)
-        resp = json_response(err.status, err.body(), self.request_id)
-        if err.retry_after is not None:
-            resp.headers["retry-after"] = str(err.retry_after)
-        return resp
+        return json_response(err.status, err.body(), self.request_id, err.headers)
 
     def ok_response(self, payload: msgspec.Struct) -> Response:
         """A 200 JSON response (closes the call)."""
@@ -281,6 +318,9 @@ class RequestCall:
         gw = self.gw
         log.debug("%s %s finished: %d %s", self.request_id, self.endpoint, status, error_code or "")
         gw.metrics.in_flight.dec()
+        if self._admitted:
+            self._admitted = False
+            gw.admission.leave(self)
         cm, self._lease_cm = self._lease_cm, None
         if cm is not None:
             engine_exc = exc if isinstance(exc, EngineError) else None

@@ -28,6 +28,8 @@ from smg_trio.gateway.translate import (
     build_plan,
     build_requests,
     check_data_parallel_rank,
+    check_prompt_fits,
+    check_token_budget,
     choice_params,
     reasoning_tags,
     resolve_max_tokens,
@@ -223,30 +225,39 @@ async def handle_chat(call: RequestCall) -> Response:
         _check_chat_fields(body)
         k = (body.top_logprobs or 0) if body.logprobs else None
         prompt_k = body.prompt_logprobs
+        mct = body.max_completion_tokens
         plan = build_plan(
             body,
             served,
             gw.config,
-            max_tokens=(
-                body.max_completion_tokens
-                if body.max_completion_tokens is not None
-                else body.max_tokens
-            ),
+            max_tokens=mct if mct is not None else body.max_tokens,
             logprobs=LogprobRequest(k=k, param="top_logprobs", prompt_k=prompt_k),
         )
         tok = served.tokenizer
-        prompt = tok.apply_chat_template(
-            body.messages,
-            tools=body.tools,
-            documents=body.documents,
-            add_generation_prompt=body.add_generation_prompt is not False,
-            continue_final_message=bool(body.continue_final_message),
-            chat_template_kwargs=body.chat_template_kwargs,
-        )
-        prompt_ids = tok.encode(prompt)
+
+        def prepare() -> tuple[str, list[int]]:
+            prompt = tok.apply_chat_template(
+                body.messages,
+                tools=body.tools,
+                documents=body.documents,
+                add_generation_prompt=body.add_generation_prompt is not False,
+                continue_final_message=bool(body.continue_final_message),
+                chat_template_kwargs=body.chat_template_kwargs,
+            )
+            check_prompt_fits(plan, served, len(prompt), "messages")
+            return prompt, tok.encode(prompt)
+
+        prompt, prompt_ids = await call.tokenize(prepare)
         if not prompt_ids:
             raise ValidationError("the rendered prompt is empty", param="messages")
         engine_max, limit = resolve_max_tokens(plan, served, len(prompt_ids), "messages")
+        check_token_budget(
+            gw.config,
+            served,
+            limit * plan.n,
+            plan.n,
+            "max_completion_tokens" if mct is not None else "max_tokens",
+        )
         parser = served.reasoning_parser or gw.config.reasoning_parser
         reasoning = reasoning_tags(parser, prompt)
         base = call.reserve_engine_id()

@@ -6,7 +6,7 @@ A list of prompts is a batch: choice ``index = prompt_index * n + i``, sub-reque
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from msgspec import UNSET
@@ -36,12 +36,15 @@ from smg_trio.gateway.translate import (
     build_plan,
     build_requests,
     check_data_parallel_rank,
+    check_prompt_fits,
+    check_token_budget,
+    check_token_ids_fit,
     choice_params,
     resolve_max_tokens,
 )
 from smg_trio.tokenizer import Tokenizer
 
-__all__ = ["CompletionStreamRenderer", "handle_completions", "parse_prompts"]
+__all__ = ["CompletionStreamRenderer", "count_prompts", "handle_completions", "parse_prompts"]
 
 
 def _bad_prompt(message: str, param: str = "prompt") -> ValidationError:
@@ -61,11 +64,30 @@ def _check_ids(ids: Sequence[Any], vocab: int, param: str) -> list[int]:
     return list(ids)
 
 
-def parse_prompts(raw: Any, tok: Tokenizer, max_prompts: int) -> list[list[int]]:
+#: ``fits(size, param, is_ids)``: raises when a prompt of ``size`` characters (or token ids)
+#: cannot fit the context, before it is encoded (or its ids checked).
+FitCheck = Callable[[int, str, bool], None]
+
+
+def _no_check(size: int, param: str, is_ids: bool) -> None:
+    pass
+
+
+def count_prompts(raw: Any) -> int:
+    """How many prompts ``raw`` holds, without looking at each (for the sequence limit)."""
+    if isinstance(raw, list) and raw and not _is_int(raw[0]):
+        return len(raw)
+    return 1
+
+
+def parse_prompts(
+    raw: Any, tok: Tokenizer, max_prompts: int, fits: FitCheck = _no_check
+) -> list[list[int]]:
     """Token ids of each prompt: a string, a list of strings, a list of token ids, or a
     list of lists of token ids. Raises ``ValidationError`` (400, ``param: prompt``) for
     anything else, an empty prompt, an id outside the vocabulary, or more than
-    ``max_prompts`` prompts. Text is encoded with the tokenizer's special tokens (BOS)."""
+    ``max_prompts`` prompts; ``fits`` refuses a prompt too long for the context before it is
+    encoded. Text is encoded with the tokenizer's special tokens (BOS)."""
     vocab = tok.vocab_size
     if raw is None:
         raise ValidationError(
@@ -73,8 +95,11 @@ def parse_prompts(raw: Any, tok: Tokenizer, max_prompts: int) -> list[list[int]]
         )
     if isinstance(raw, str):
         items: list[Any] = [raw]
-    elif isinstance(raw, list) and raw and all(_is_int(t) for t in raw):
-        return [_check_ids(raw, vocab, "prompt")]
+    elif isinstance(raw, list) and raw and _is_int(raw[0]):
+        fits(len(raw), "prompt", True)
+        if all(_is_int(t) for t in raw):
+            return [_check_ids(raw, vocab, "prompt")]
+        items = raw
     elif isinstance(raw, list):
         items = raw
     else:
@@ -89,11 +114,13 @@ def parse_prompts(raw: Any, tok: Tokenizer, max_prompts: int) -> list[list[int]]
         if isinstance(item, str):
             if not item:
                 raise _bad_prompt("a prompt must not be empty", param)
+            fits(len(item), "prompt" if raw is item else param, False)
             ids = tok.encode(item, add_special_tokens=True)
             if not ids:
                 raise _bad_prompt("the prompt encodes to no tokens", param)
             out.append(ids)
         elif isinstance(item, list):
+            fits(len(item), param, True)
             out.append(_check_ids(item, vocab, param))
         else:
             raise _bad_prompt(
@@ -270,17 +297,30 @@ async def handle_completions(call: RequestCall) -> Response:
         else:
             lpr = LogprobRequest(k=k, param="logprobs")
         plan = build_plan(
-            body, served, gw.config, max_tokens=1 if echo_only else body.max_tokens, logprobs=lpr
+            body,
+            served,
+            gw.config,
+            max_tokens=1 if echo_only else body.max_tokens,
+            logprobs=lpr,
+            prompts=count_prompts(body.prompt),
         )
         tok = served.tokenizer
-        prompts = parse_prompts(body.prompt, tok, gw.config.max_prompts)
+
+        def fits(size: int, param: str, is_ids: bool) -> None:
+            (check_token_ids_fit if is_ids else check_prompt_fits)(plan, served, size, param)
+
+        prompts = await call.tokenize(
+            lambda: parse_prompts(body.prompt, tok, gw.config.max_prompts, fits)
+        )
         n = plan.n
         total = len(prompts) * n
         base = call.reserve_engine_id()
         params_cache: dict[int, ChoiceParams] = {}
         subs: list[SubRequest] = []
+        budget = 0
         for p, ids in enumerate(prompts):
             engine_max, limit = resolve_max_tokens(plan, served, len(ids), "prompt")
+            budget += limit * n
             if echo_only:
                 limit = 0
             params = params_cache.get(limit)
@@ -299,6 +339,7 @@ async def handle_completions(call: RequestCall) -> Response:
                 SubRequest(r, ChoicePipeline(p * n + i, tok, params, ids))
                 for i, r in enumerate(reqs)
             ]
+        check_token_budget(gw.config, served, budget, total, "max_tokens")
         call.subs = subs
         call.prompt_tokens = sum(len(ids) for ids in prompts)
         echo = _Echo(tok, prompts, k) if body.echo else None

@@ -4,10 +4,36 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["DEFAULT_REQUEST_ID_HEADERS", "GatewayHttpConfig"]
+__all__ = [
+    "DEFAULT_MAX_CONCURRENT_REQUESTS",
+    "DEFAULT_MAX_SEQUENCES_PER_REQUEST",
+    "DEFAULT_QUEUE_SIZE",
+    "DEFAULT_QUEUE_TIMEOUT_S",
+    "DEFAULT_WRITE_TIMEOUT_S",
+    "REQUEST_TOKENS_CONTEXTS",
+    "DEFAULT_REQUEST_ID_HEADERS",
+    "GatewayHttpConfig",
+]
 
 #: smg's default ``--request-id-headers``: the first one present names the request.
 DEFAULT_REQUEST_ID_HEADERS = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")
+
+# The abuse limits' defaults, in one place (the CLI, ``GatewayConfig`` and embedding read
+# them from here). See docs/security.md#limits.
+#: Most sequences (prompts x ``n``) one request may start: the default prompt limit, so every
+#: batch accepted before with ``n=1`` still is, while 128 prompts x ``n=16`` (2048) is not.
+DEFAULT_MAX_SEQUENCES_PER_REQUEST = 128
+#: ``max_tokens_per_request`` unset: this many times the model's context length, so that any
+#: request with ``n <= 16`` (the CLI's ``--max-n``) and no ``max_tokens`` still fits.
+REQUEST_TOKENS_CONTEXTS = 16
+#: Inference requests served at once; above what the benchmark's 1000 concurrent streams need.
+DEFAULT_MAX_CONCURRENT_REQUESTS = 1024
+#: Requests that may wait for a slot; more get 429 at once.
+DEFAULT_QUEUE_SIZE = 1024
+#: How long a request waits for a slot before its 429.
+DEFAULT_QUEUE_TIMEOUT_S = 10.0
+#: A response write blocked this long (the client stopped reading) drops the connection.
+DEFAULT_WRITE_TIMEOUT_S = 30.0
 
 
 def _lower(headers: tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -35,6 +61,17 @@ class GatewayHttpConfig:
     - ``reasoning_parser``: parser name used for models whose ``ServedModel`` names none
       (``None``: no reasoning split).
     - ``body_timeout_s``: seconds to receive a request body (408 past it).
+    - ``max_sequences_per_request``: most sequences (prompts x ``n``) in one request (400
+      naming ``n``).
+    - ``max_tokens_per_request``: most completion tokens one request may ask for, summed over
+      its sequences (``max_tokens``, or the context left when unset); ``None``:
+      :data:`REQUEST_TOKENS_CONTEXTS` times the model's context length. 400 naming
+      ``max_tokens`` above it.
+    - ``max_concurrent_requests``: inference requests served at once; past it a request waits
+      up to ``queue_timeout_s`` seconds for a slot, among at most ``queue_size`` waiting, then
+      gets 429 with ``Retry-After``.
+    - ``write_timeout_s``: a response write blocked this long drops the connection (its engine
+      requests are ABORTed); applied by :func:`~smg_trio.gateway.app.serve_http`.
     """
 
     max_n: int = attrs.field(default=10, validator=_positive)
@@ -47,8 +84,38 @@ class GatewayHttpConfig:
     )
     reasoning_parser: str | None = None
     body_timeout_s: float = 60.0
+    max_sequences_per_request: int = attrs.field(
+        default=DEFAULT_MAX_SEQUENCES_PER_REQUEST, validator=_positive
+    )
+    max_tokens_per_request: int | None = attrs.field(default=None)
+    max_concurrent_requests: int = attrs.field(
+        default=DEFAULT_MAX_CONCURRENT_REQUESTS, validator=_positive
+    )
+    queue_size: int = attrs.field(default=DEFAULT_QUEUE_SIZE)
+    queue_timeout_s: float = attrs.field(default=DEFAULT_QUEUE_TIMEOUT_S)
+    write_timeout_s: float = attrs.field(default=DEFAULT_WRITE_TIMEOUT_S)
 
     @max_top_logprobs.validator
     def _check_top(self, _: attrs.Attribute[int], value: int) -> None:
         if value < 0:
             raise ValueError(f"max_top_logprobs must be >= 0, got {value}")
+
+    @max_tokens_per_request.validator
+    def _check_budget(self, _: attrs.Attribute[int | None], value: int | None) -> None:
+        if value is not None and value < 1:
+            raise ValueError(f"max_tokens_per_request must be >= 1, got {value}")
+
+    @queue_size.validator
+    def _check_queue(self, _: attrs.Attribute[int], value: int) -> None:
+        if value < 0:
+            raise ValueError(f"queue_size must be >= 0, got {value}")
+
+    @queue_timeout_s.validator
+    def _check_wait(self, _: attrs.Attribute[float], value: float) -> None:
+        if not value >= 0:
+            raise ValueError(f"queue_timeout_s must be >= 0, got {value}")
+
+    @write_timeout_s.validator
+    def _check_write(self, _: attrs.Attribute[float], value: float) -> None:
+        if not value > 0:
+            raise ValueError(f"write_timeout_s must be > 0, got {value}")

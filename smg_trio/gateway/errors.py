@@ -118,8 +118,11 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.retry_after = retry_after
         self.detail = ErrorDetail(message, error_type or error_type_for(status), param, code)
+        #: Extra response headers (``retry-after`` on a 429 or a retryable 503).
+        self.headers: dict[str, str] = {}
+        if retry_after is not None:
+            self.headers["retry-after"] = str(retry_after)
 
     def body(self) -> bytes:
         """The JSON envelope."""

@@ -174,6 +174,6 @@ class InferenceRoutes:
                 response = await handler(request)
             except Exception as exc:
                 err = to_api_error(exc)
-                response = json_response(err.status, err.body())
+                response = json_response(err.status, err.body(), headers=err.headers)
             await self._send_response(scope, send, response)
             nursery.cancel_scope.cancel()

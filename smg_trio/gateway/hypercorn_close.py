@@ -16,7 +16,10 @@ shielded from cancellation (a close must happen). If a write still holds the loc
 write is stuck on a client that is not reading: the socket is closed under it, which makes the
 write fail with ``ClosedResourceError``, a case hypercorn already handles. A stuck write also
 keeps its connection's task group (and so the server) from ever finishing a cancellation;
-:func:`close_blocked_writes` closes those sockets when the server is being stopped. Installed
+:func:`close_blocked_writes` closes those sockets when the server is being stopped, and
+:func:`drop_stalled_writes` (the write timeout) while it runs: each write records when it
+started, and one that has been blocked longer than the timeout gets its socket closed, so the
+app sees the client go away (its engine requests are ABORTed, its buffers freed). Installed
 once, by :func:`install`, from :func:`smg_trio.gateway.app.serve_http`.
 """
 
@@ -30,7 +33,13 @@ from typing import Any, Final
 import trio
 from hypercorn.trio.tcp_server import TCPServer
 
-__all__ = ["BLOCKED_WRITE_GRACE_S", "CLOSE_LOCK_WAIT_S", "close_blocked_writes", "install"]
+__all__ = [
+    "BLOCKED_WRITE_GRACE_S",
+    "CLOSE_LOCK_WAIT_S",
+    "close_blocked_writes",
+    "drop_stalled_writes",
+    "install",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,8 @@ BLOCKED_WRITE_GRACE_S: Final = 0.5
 _MARK = "_smg_trio_close_under_send_lock"
 #: Set on a connection while its close holds the send lock (that holder is not a stuck write).
 _CLOSING = "_smg_trio_closing"
+#: Set on a connection while a write is in progress: ``trio.current_time()`` at its start.
+_WRITE_SINCE = "_smg_trio_write_since"
 #: The connections being served (TCPServer instances), for close_blocked_writes.
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -76,6 +87,31 @@ async def close_blocked_writes(grace_s: float = BLOCKED_WRITE_GRACE_S) -> int:
     return closed
 
 
+async def drop_stalled_writes(config: object, timeout_s: float) -> None:
+    """Run until cancelled: every so often, close the socket of each connection served with
+    hypercorn ``config`` whose current write has been blocked for ``timeout_s`` seconds or
+    more (its client stopped reading). The write then fails, hypercorn tells the app that the
+    client went away, and the request is cancelled."""
+    interval = min(1.0, timeout_s / 4)
+    while True:
+        await trio.sleep(interval)
+        now = trio.current_time()
+        for server in list(_LIVE):
+            since = getattr(server, _WRITE_SINCE, None)
+            if since is None or now - since < timeout_s or server.config is not config:
+                continue
+            sock = getattr(getattr(server, "stream", None), "socket", None)
+            if sock is not None and sock.fileno() >= 0:
+                log.warning(
+                    "dropping a connection whose client stopped reading (a write was blocked "
+                    "for %.0f s; --write-timeout-secs %g)",
+                    now - since,
+                    timeout_s,
+                )
+                sock.close()  # notify_closing wakes the blocked sender
+            setattr(server, _WRITE_SINCE, None)
+
+
 def install() -> None:
     """Replace ``TCPServer._close`` once per process (idempotent). Logs and does nothing if
     this hypercorn no longer has the attributes the fix relies on."""
@@ -98,6 +134,14 @@ def install() -> None:
             await self.stream.aclose()
 
     original_run: Callable[[Any], Awaitable[None]] = TCPServer.run
+    original_send: Callable[[Any, Any], Awaitable[None]] = TCPServer.protocol_send
+
+    async def protocol_send(self: Any, event: Any) -> None:
+        setattr(self, _WRITE_SINCE, trio.current_time())
+        try:
+            await original_send(self, event)
+        finally:
+            setattr(self, _WRITE_SINCE, None)
 
     async def run(self: Any) -> None:
         _LIVE.add(self)
@@ -109,4 +153,5 @@ def install() -> None:
     setattr(_close, _MARK, True)
     TCPServer._close = _close  # type: ignore[method-assign]
     TCPServer.run = run  # type: ignore[method-assign]
+    TCPServer.protocol_send = protocol_send  # type: ignore[method-assign]
     log.debug("hypercorn TCPServer._close now takes the send lock")

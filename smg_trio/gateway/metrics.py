@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -18,10 +19,13 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from smg_trio.connector.client import EngineClient
+
+if TYPE_CHECKING:
+    from smg_trio.gateway.admission import AdmissionGate
 
 __all__ = ["GatewayMetrics"]
 
@@ -70,6 +74,27 @@ class _WorkerCollector(Collector):
         yield from (active, health, running, waiting, kv)
 
 
+class _AdmissionCollector(Collector):
+    """The admission gate's queue and refusals, read at scrape time."""
+
+    def __init__(self, gate: AdmissionGate) -> None:
+        self._gate = gate
+
+    def collect(self) -> Iterator[Metric]:
+        gate = self._gate
+        yield GaugeMetricFamily(
+            "smg_router_queue_depth", "Requests waiting for a concurrency slot", gate.waiting
+        )
+        yield GaugeMetricFamily(
+            "smg_router_concurrent_requests", "Requests holding a concurrency slot", gate.active
+        )
+        yield CounterMetricFamily(
+            "smg_router_requests_rejected",
+            "Requests refused with 429 at the concurrency limit",
+            gate.rejected,
+        )
+
+
 class GatewayMetrics:
     """The app's metrics. ``endpoint`` labels are ``chat`` and ``completions``.
 
@@ -80,6 +105,8 @@ class GatewayMetrics:
       a request), ``smg_router_e2e_latency_seconds``;
     - ``smg_router_prompt_tokens_total``, ``smg_router_completion_tokens_total``;
     - ``smg_router_requests_in_flight``;
+    - ``smg_router_queue_depth``, ``smg_router_concurrent_requests``,
+      ``smg_router_requests_rejected_total`` (429 at ``--max-concurrent-requests``);
     - per leased worker: ``smg_worker_requests_active``, ``smg_worker_health``,
       ``smg_engine_running_requests``, ``smg_engine_waiting_requests``,
       ``smg_engine_kv_cache_usage``.
@@ -115,6 +142,13 @@ class GatewayMetrics:
         self.in_flight = Gauge("smg_router_requests_in_flight", "Requests in flight", registry=r)
         self._workers = _WorkerCollector()
         r.register(self._workers)
+        self._admission: _AdmissionCollector | None = None
+
+    def watch_admission(self, gate: AdmissionGate) -> None:
+        """Export ``gate``'s queue depth, slots held and refusals (once per registry)."""
+        if self._admission is None:
+            self._admission = _AdmissionCollector(gate)
+            self.registry.register(self._admission)
 
     def track_worker(self, worker_id: str, client: EngineClient) -> None:
         """Report this worker's load from now on (held weakly)."""

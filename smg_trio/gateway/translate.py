@@ -15,7 +15,7 @@ import msgspec
 from smg_trio import jsontext
 from smg_trio.errors import UnsupportedField, ValidationError
 from smg_trio.gateway.backend import ServedModel
-from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.config import REQUEST_TOKENS_CONTEXTS, GatewayHttpConfig
 from smg_trio.gateway.fanout import SEED_MODULUS, derive_seed, sub_request_id
 from smg_trio.gateway.schemas import SamplingRequest
 from smg_trio.gateway.textgen import ChoiceParams
@@ -26,6 +26,7 @@ from smg_trio.protocol.types import (
     StructuredOutputs,
 )
 from smg_trio.tokenizer import REASONING_PARSERS, single_token_stop_ids
+from smg_trio.tokenizer.bound import min_tokens
 
 __all__ = [
     "LogprobRequest",
@@ -33,6 +34,9 @@ __all__ = [
     "build_plan",
     "build_requests",
     "check_data_parallel_rank",
+    "check_prompt_fits",
+    "check_token_budget",
+    "check_token_ids_fit",
     "reasoning_tags",
     "resolve_max_tokens",
 ]
@@ -232,10 +236,12 @@ def build_plan(
     *,
     max_tokens: int | None,
     logprobs: LogprobRequest,
+    prompts: int = 1,
 ) -> Plan:
     """Validate the shared fields and map them to ``SamplingOptions``.
 
-    ``max_tokens`` is the endpoint's resolved value (``None``: unset). Raises
+    ``max_tokens`` is the endpoint's resolved value (``None``: unset); ``prompts`` the number
+    of prompts (``prompts * n`` is held to ``config.max_sequences_per_request``). Raises
     ``ValidationError`` (400, ``param`` set) or ``UnsupportedField`` (400, the engine's wire
     cannot carry the field).
     """
@@ -248,6 +254,14 @@ def build_plan(
     n = 1 if body.n is None else body.n
     if n > config.max_n:
         raise _bad(f"n must be at most {config.max_n}, got {n}", "n")
+    sequences = prompts * n
+    if sequences > config.max_sequences_per_request and prompts <= config.max_prompts:
+        shape = f" ({prompts} prompts x n={n})" if prompts > 1 else ""
+        raise _bad(
+            f"a request may generate at most {config.max_sequences_per_request} sequences "
+            f"(prompts x n), got {sequences}{shape}",
+            "n",
+        )
     seed = body.seed
     seed_max = min(caps.seed_max, SEED_MODULUS - 1)
     if seed is not None and not max(caps.seed_min, 0) <= seed <= seed_max:
@@ -342,6 +356,58 @@ def resolve_max_tokens(
             code="context_length_exceeded",
         )
     return mt, mt
+
+
+def check_prompt_fits(plan: Plan, served: ServedModel, chars: int, prompt_param: str) -> None:
+    """Refuse, before encoding, a ``chars``-character prompt that cannot fit the context:
+    it has at least ``ceil(chars / L)`` tokens, ``L`` the tokenizer's longest token
+    (:mod:`smg_trio.tokenizer.bound`). Same 400 ``context_length_exceeded`` as
+    :func:`resolve_max_tokens`; nothing is refused that could fit."""
+    lower = min_tokens(chars, served.tokenizer.max_token_chars)
+    _check_fits(plan, served, lower, prompt_param, "at least ")
+
+
+def _check_fits(plan: Plan, served: ServedModel, lower: int, prompt_param: str, qual: str) -> None:
+    ctx = served.max_model_len
+    if lower >= ctx:
+        raise ValidationError(
+            f"This model's maximum context length is {ctx} tokens, but the prompt has "
+            f"{qual}{lower} tokens, which leaves no room for a completion.",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    mt = plan.max_tokens
+    if mt is not None and lower + mt > ctx:
+        raise ValidationError(
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{qual}{lower + mt} tokens ({qual}{lower} in the prompt, {mt} for the completion).",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+
+
+def check_token_ids_fit(plan: Plan, served: ServedModel, count: int, prompt_param: str) -> None:
+    """:func:`check_prompt_fits` for a token-id prompt of ``count`` ids (before checking
+    each id)."""
+    _check_fits(plan, served, count, prompt_param, "")
+
+
+def check_token_budget(
+    config: GatewayHttpConfig, served: ServedModel, total: int, sequences: int, param: str
+) -> None:
+    """400 naming ``param`` when a request's sequences may generate more than
+    ``config.max_tokens_per_request`` tokens together (``total``: the sum of each sequence's
+    limit, its ``max_tokens`` or the context left)."""
+    cap = config.max_tokens_per_request
+    if cap is None:
+        cap = REQUEST_TOKENS_CONTEXTS * served.max_model_len
+    if total > cap:
+        raise _bad(
+            f"this request may generate up to {total} tokens across its {sequences} "
+            f"sequence(s), more than the limit of {cap} tokens per request; set a smaller "
+            f"{param} or n (without {param}, each sequence may use the rest of the context)",
+            param,
+        )
 
 
 def build_requests(

@@ -82,7 +82,16 @@ class ServeHandle:
 
 
 def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
-    return GatewayHttpConfig(api_key=config.api_key, max_n=config.max_n)
+    return GatewayHttpConfig(
+        api_key=config.api_key,
+        max_n=config.max_n,
+        max_sequences_per_request=config.max_sequences_per_request,
+        max_tokens_per_request=config.max_tokens_per_request,
+        max_concurrent_requests=config.max_concurrent_requests,
+        queue_size=config.queue_size,
+        queue_timeout_s=config.queue_timeout_s,
+        write_timeout_s=config.write_timeout_s,
+    )
 
 
 def _confinement(config: GatewayConfig) -> WorkerConfinement:

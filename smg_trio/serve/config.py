@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import attrs
 
+from smg_trio.gateway.config import (
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_SEQUENCES_PER_REQUEST,
+    DEFAULT_QUEUE_SIZE,
+    DEFAULT_QUEUE_TIMEOUT_S,
+    DEFAULT_WRITE_TIMEOUT_S,
+)
+
 __all__ = ["EngineLaunchConfig", "GatewayConfig"]
 
 
@@ -37,6 +45,8 @@ class GatewayConfig:
       hosts a worker's handshake address may bind.
     - ``allowed_model_dirs``: model roots besides the startup model directories; ``None``
       means the Hugging Face hub cache.
+
+    The request limits mean what :class:`~smg_trio.gateway.config.GatewayHttpConfig` says.
     """
 
     host: str = "127.0.0.1"
@@ -52,6 +62,12 @@ class GatewayConfig:
     admin_api_key: str | None = None
     reasoning_parser: str | None = None
     max_n: int = 16
+    max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST
+    max_tokens_per_request: int | None = None
+    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    queue_size: int = DEFAULT_QUEUE_SIZE
+    queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
+    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     worker_startup_timeout_s: float = 600.0
     engine_silence_timeout_s: float = 300.0
     shutdown_grace_period_s: float = 30.0

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from smg_trio.errors import ValidationError
+from smg_trio.tokenizer.bound import max_token_chars
 from smg_trio.tokenizer.chat_template import ChatTemplate
 from smg_trio.tokenizer.modeldir import ModelDir
 
@@ -113,6 +114,10 @@ class Tokenizer:
         config = dict(config or {})
         self.hf = hf
         self.name_or_path = name_or_path
+        # encode_batch_fast skips the offsets (the same ids, faster) and releases the GIL for
+        # the whole encode, where encode holds it while it builds the result (measured in
+        # docs/performance.md); tokenizers < 0.20 lacks it.
+        self._encode_batch: Any = getattr(hf, "encode_batch_fast", hf.encode_batch)
         hf.no_truncation()
         hf.no_padding()
 
@@ -162,6 +167,10 @@ class Tokenizer:
             name: ChatTemplate(src, name=name) for name, src in chat_templates.items()
         }
         self._text_cache: dict[int, str] = {}
+        #: The longest token in input characters (``None``: no safe bound; see
+        #: :mod:`smg_trio.tokenizer.bound`): a text of ``c`` characters has at least
+        #: ``ceil(c / max_token_chars)`` tokens.
+        self.max_token_chars: int | None = max_token_chars(hf)
 
     @classmethod
     def from_dir(
@@ -215,7 +224,7 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``. ``add_special_tokens`` applies the post-processor and
         ``add_bos_token`` / ``add_eos_token``; chat prompts are encoded without them."""
-        ids: list[int] = self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        ids: list[int] = self._encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         if add_special_tokens and (self._bos_prefix or self._eos_suffix):
             ids = [*self._bos_prefix, *ids, *self._eos_suffix]
         return ids

@@ -367,3 +367,47 @@ def test_engine_flag_before_the_separator_gets_a_hint(capsys: pytest.CaptureFixt
         main(["serve", "--backend", "mock", "--tensor-parallel-size", "2"])
     assert exc.value.code == 2
     assert "engine arguments go after '--'" in capsys.readouterr().err
+
+
+def test_limit_flags_reach_the_gateway_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue-18 limits: defaults from one place, flags and SMG_TRIO_* env both work."""
+    from smg_trio.gateway.config import GatewayHttpConfig
+    from smg_trio.serve import _http_config
+
+    args = _args(["serve", "--backend", "mock"])
+    http = _http_config(cli._config_from_args(args, []))  # type: ignore[arg-type]
+    defaults = GatewayHttpConfig()
+    for name in (
+        "max_sequences_per_request",
+        "max_tokens_per_request",
+        "max_concurrent_requests",
+        "queue_size",
+        "queue_timeout_s",
+        "write_timeout_s",
+    ):
+        assert getattr(http, name) == getattr(defaults, name), name
+    monkeypatch.setenv("SMG_TRIO_QUEUE_SIZE", "7")
+    args = _args(
+        [
+            "serve",
+            "--backend",
+            "mock",
+            "--max-sequences-per-request",
+            "9",
+            "--max-tokens-per-request",
+            "1000",
+            "--max-concurrent-requests",
+            "3",
+            "--queue-timeout-secs",
+            "0",
+            "--write-timeout-secs",
+            "5",
+        ]
+    )
+    http = _http_config(cli._config_from_args(args, []))  # type: ignore[arg-type]
+    assert http.max_sequences_per_request == 9
+    assert http.max_tokens_per_request == 1000
+    assert http.max_concurrent_requests == 3
+    assert http.queue_size == 7
+    assert http.queue_timeout_s == 0
+    assert http.write_timeout_s == 5

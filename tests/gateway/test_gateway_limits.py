@@ -1,0 +1,323 @@
+"""Issue 18, item 4: no request can stall others or exhaust memory.
+
+Large prompts are rendered and tokenized in a worker thread; a prompt that cannot fit the
+context is refused before it is encoded; per-request sequence and token budgets; the global
+concurrency cap (429 with ``Retry-After``); the write timeout for a client that stops reading;
+the listen backlog from ``somaxconn``.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from smg_trio.gateway import app as gateway_app
+from smg_trio.gateway.call import TOKENIZE_OFFLOAD_BYTES
+from smg_trio.gateway.config import REQUEST_TOKENS_CONTEXTS, GatewayHttpConfig
+from smg_trio.tokenizer import Tokenizer
+from tests.gateway.conftest import DEADLINE_S, HarnessFactory, RawSSE
+from tests.gateway.test_gateway_direct import WriteSpy
+
+MAIN = threading.main_thread().ident
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+class EncodeSpy:
+    """Records the thread of every encode and chat-template render of ``tok``."""
+
+    def __init__(self, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.encodes: list[int] = []  # thread idents
+        self.renders: list[int] = []
+        real_encode = tok._encode_batch
+        real_render = tok.apply_chat_template
+
+        def encode(texts: Any, **kw: Any) -> Any:
+            self.encodes.append(threading.get_ident())
+            return real_encode(texts, **kw)
+
+        def render(*args: Any, **kw: Any) -> str:
+            self.renders.append(threading.get_ident())
+            return real_render(*args, **kw)
+
+        monkeypatch.setattr(tok, "_encode_batch", encode)
+        monkeypatch.setattr(tok, "apply_chat_template", render)
+
+
+def _err(resp: Any) -> dict[str, Any]:
+    err: dict[str, Any] = resp.json()["error"]
+    return err
+
+
+# -- tokenization off the event loop ------------------------------------------------------
+
+
+async def test_large_chat_prompt_is_rendered_and_encoded_in_a_thread(
+    harness: HarnessFactory, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt above the offload size is rendered and tokenized in a worker thread, so the
+    event loop (and every other request) keeps running; a small one stays inline."""
+    spy = EncodeSpy(tok, monkeypatch)
+    big = "lighthouse keeper " * (2 * TOKENIZE_OFFLOAD_BYTES // 18)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(max_model_len=65536) as h:
+            small = await h.chat(max_tokens=2)
+            assert small.status_code == 200
+            assert spy.encodes == [MAIN]
+            assert spy.renders == [MAIN]
+            resp = await h.chat(messages=[{"role": "user", "content": big}], max_tokens=2)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["usage"]["prompt_tokens"] > 1000
+    assert len(spy.encodes) == len(spy.renders) == 2
+    assert spy.encodes[1] is not MAIN
+    assert spy.renders[1] is not MAIN
+
+
+async def test_large_completion_prompts_are_encoded_in_a_thread(
+    harness: HarnessFactory, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = EncodeSpy(tok, monkeypatch)
+    big = "lighthouse keeper " * (TOKENIZE_OFFLOAD_BYTES // 18)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(max_model_len=65536) as h:
+            resp = await h.complete(prompt=[big, big], max_tokens=2)
+            assert resp.status_code == 200, resp.text
+    assert len(spy.encodes) == 2
+    assert all(t is not MAIN for t in spy.encodes)
+
+
+# -- early refusal ----------------------------------------------------------------------------
+
+
+def _too_long(tok: Tokenizer, ctx: int) -> str:
+    bound = tok.max_token_chars
+    assert bound is not None  # byte-level BPE: a bound exists
+    return "a" * (bound * ctx + 1)
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_prompt_that_cannot_fit_is_refused_before_encoding(
+    harness: HarnessFactory, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """More characters than ``max_token_chars * max_model_len``: the prompt has more tokens
+    than the context for sure; the 400 comes without encoding it."""
+    spy = EncodeSpy(tok, monkeypatch)
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            text = _too_long(tok, h.served.max_model_len)
+            if path == CHAT:
+                resp = await h.chat(messages=[{"role": "user", "content": text}])
+            else:
+                resp = await h.complete(prompt=text)
+            assert resp.status_code == 400, resp.text
+            err = _err(resp)
+            assert err["code"] == "context_length_exceeded"
+            assert err["param"] == ("messages" if path == CHAT else "prompt")
+            assert "maximum context length is" in err["message"]
+            assert h.engine.requests == []
+    assert spy.encodes == []
+
+
+async def test_prompt_plus_max_tokens_that_cannot_fit_names_max_tokens(
+    harness: HarnessFactory, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = EncodeSpy(tok, monkeypatch)
+    bound = tok.max_token_chars
+    assert bound is not None
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            ctx = h.served.max_model_len
+            text = "a" * (bound * (ctx // 2))
+            resp = await h.complete(prompt=text, max_tokens=ctx // 2 + 10)
+            assert resp.status_code == 400, resp.text
+            assert _err(resp)["param"] == "max_tokens"
+            assert _err(resp)["code"] == "context_length_exceeded"
+    assert spy.encodes == []
+
+
+async def test_token_id_prompt_longer_than_the_context_is_refused_directly(
+    harness: HarnessFactory,
+) -> None:
+    """A token-id prompt is measured before its ids are checked one by one (the bad id at
+    the end is never looked at)."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            ctx = h.served.max_model_len
+            ids = [5] * ctx + [h.tok.vocab_size + 7]
+            resp = await h.complete(prompt=ids)
+            assert resp.status_code == 400, resp.text
+            assert _err(resp)["code"] == "context_length_exceeded"
+            assert _err(resp)["param"] == "prompt"
+
+
+def test_max_token_chars_bounds_every_token(tok: Tokenizer) -> None:
+    """The bound is the longest token in characters (byte-level: one char per byte)."""
+    vocab = tok.hf.get_vocab(with_added_tokens=True)
+    assert tok.max_token_chars == max(len(t) for t in vocab)
+
+
+# -- per-request limits -----------------------------------------------------------------------
+
+
+async def test_too_many_sequences_is_a_400_naming_n(harness: HarnessFactory) -> None:
+    config = GatewayHttpConfig(max_sequences_per_request=10)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=config) as h:
+            resp = await h.complete(prompt=["a", "b", "c", "d"], n=3, max_tokens=2)
+            assert resp.status_code == 400, resp.text
+            assert _err(resp)["param"] == "n"
+            assert "4 prompts x n=3" in _err(resp)["message"]
+            ok = await h.complete(prompt=["a", "b", "c", "d", "e"], n=2, max_tokens=2)
+            assert ok.status_code == 200, ok.text
+            assert len(h.engine.requests) == 10
+
+
+async def test_default_sequence_limit_refuses_the_fan_out_of_the_report(
+    harness: HarnessFactory,
+) -> None:
+    """128 prompts x n=16 (2048 sequences) was accepted; the default limit refuses it."""
+    config = GatewayHttpConfig(max_n=16)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=config) as h:
+            resp = await h.complete(prompt=["x"] * 128, n=16)
+            assert resp.status_code == 400, resp.text
+            assert _err(resp)["param"] == "n"
+            assert h.engine.requests == []
+
+
+async def test_token_budget_is_a_400_naming_max_tokens(harness: HarnessFactory) -> None:
+    config = GatewayHttpConfig(max_tokens_per_request=100)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=config) as h:
+            resp = await h.chat(n=2, max_tokens=60)
+            assert resp.status_code == 400, resp.text
+            assert _err(resp)["param"] == "max_tokens"
+            resp = await h.chat(n=2, max_completion_tokens=60)
+            assert _err(resp)["param"] == "max_completion_tokens"
+            ok = await h.chat(n=2, max_tokens=50)
+            assert ok.status_code == 200, ok.text
+
+
+async def test_unset_max_tokens_counts_the_rest_of_the_context(harness: HarnessFactory) -> None:
+    """Without max_tokens each sequence may use the rest of the context (vLLM), and that is
+    what counts toward the default budget of 16 contexts per request."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness(eos_after=2) as h:  # the accepted one ends early, on EOS
+            prompts = ["hello"] * (REQUEST_TOKENS_CONTEXTS + 1)
+            resp = await h.complete(prompt=prompts)
+            assert resp.status_code == 400, resp.text
+            assert _err(resp)["param"] == "max_tokens"
+            assert h.engine.requests == []
+            ok = await h.complete(prompt=prompts[:REQUEST_TOKENS_CONTEXTS])
+            assert ok.status_code == 200, ok.text
+
+
+# -- the concurrency cap ----------------------------------------------------------------------
+
+
+def _stream_body(max_tokens: int = 3000) -> dict[str, Any]:
+    return {"model": "M", "prompt": "hello", "max_tokens": max_tokens, "stream": True}
+
+
+async def test_concurrency_cap_with_no_queue_is_429_with_retry_after(
+    harness: HarnessFactory,
+) -> None:
+    config = GatewayHttpConfig(max_concurrent_requests=1, queue_size=0)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=config, step_s=0.01, max_model_len=8192) as h:
+            held = await RawSSE.post(h.base_url, COMPLETIONS, _stream_body())
+            await held.until(lambda evs: len(evs) >= 1)  # in flight, holding the only slot
+            resp = await h.complete(max_tokens=2)
+            assert resp.status_code == 429, resp.text
+            assert resp.headers["retry-after"] == "1"
+            err = _err(resp)
+            assert err["type"] == "rate_limit_error"
+            assert err["code"] == "too_many_requests"
+            assert len(h.engine.requests) == 1
+            metrics = (await h.http.get("/metrics")).text
+            assert "smg_router_requests_rejected_total 1.0" in metrics
+            await held.aclose()
+
+
+async def test_queued_request_gets_429_when_no_slot_frees(harness: HarnessFactory) -> None:
+    config = GatewayHttpConfig(max_concurrent_requests=1, queue_size=4, queue_timeout_s=0.05)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=config, step_s=0.01, max_model_len=8192) as h:
+            held = await RawSSE.post(h.base_url, COMPLETIONS, _stream_body())
+            await held.until(lambda evs: len(evs) >= 1)
+            resp = await h.chat(max_tokens=2)
+            assert resp.status_code == 429, resp.text
+            assert resp.headers["retry-after"] == "1"
+            assert "no slot freed" in _err(resp)["message"]
+            await held.aclose()
+
+
+async def test_queued_request_is_served_once_a_slot_frees(harness: HarnessFactory) -> None:
+    config = GatewayHttpConfig(max_concurrent_requests=1, queue_timeout_s=DEADLINE_S)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=config, step_s=0.01, max_model_len=8192) as h:
+            gate = h.app.extensions["smg_trio.gateway"].admission
+            held = await RawSSE.post(h.base_url, COMPLETIONS, _stream_body())
+            await held.until(lambda evs: len(evs) >= 1)
+            result: list[int] = []
+
+            async def queued() -> None:
+                result.append((await h.complete(max_tokens=2)).status_code)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(queued)
+                while gate.waiting == 0:  # noqa: ASYNC110 (a counter; no event to wait on)
+                    await trio.sleep(0.01)
+                assert "smg_router_queue_depth 1.0" in (await h.http.get("/metrics")).text
+                await held.aclose()
+            assert result == [200]
+
+
+# -- the write timeout ------------------------------------------------------------------------
+
+
+async def test_client_that_stops_reading_is_dropped_and_its_request_aborted(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A streaming client that never reads (small receive buffer, small server send buffer):
+    the blocked write is dropped after the write timeout, the engine gets ABORT and the
+    registry empties, long before the engine would have finished."""
+    spy = WriteSpy(monkeypatch, sndbuf=4096)
+    config = GatewayHttpConfig(write_timeout_s=0.3)
+    with trio.fail_after(4 * DEADLINE_S):
+        async with harness(config=config, step_s=0.0005, max_model_len=65536) as h:
+            sse = await RawSSE.post(
+                h.base_url,
+                CHAT,
+                {
+                    "model": "M",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 60000,
+                    "stream": True,
+                },
+                rcvbuf=4096,
+            )
+            await spy.fell_back.wait()  # the socket is full; the writer task now blocks
+            while not h.engine.aborts:
+                await h.engine.abort_event.wait()
+            assert len(h.engine.requests) == 1
+            assert h.engine.aborts == [h.engine.requests[0].request_id]
+            assert h.client.inflight_count == 0  # retired before the ABORT was sent
+            await sse.aclose()
+
+
+# -- listen backlog ---------------------------------------------------------------------------
+
+
+def test_listen_backlog_is_somaxconn(tmp_path: Path) -> None:
+    path = tmp_path / "somaxconn"
+    path.write_text("8191\n")
+    assert gateway_app.listen_backlog(str(path)) == 8191
+    assert gateway_app.listen_backlog(str(tmp_path / "missing")) == gateway_app.DEFAULT_BACKLOG
+    real = Path(gateway_app.SOMAXCONN_PATH)
+    expected = int(real.read_text()) if real.exists() else gateway_app.DEFAULT_BACKLOG
+    assert gateway_app.hyper_config("127.0.0.1", 0, 1.0).backlog == expected
