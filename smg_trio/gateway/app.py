@@ -244,7 +244,7 @@ async def serve_http(
     hypercorn_close.install()
     hypercorn_errors.install()
     cfg = hyper_config(host, port, graceful_timeout_s)
-    gw = app.extensions.get(GATEWAY_KEY)
+    gw = getattr(app, "extensions", {}).get(GATEWAY_KEY)  # a bare ASGI app has none
     write_timeout_s = (
         gw.config.write_timeout_s if isinstance(gw, Gateway) else DEFAULT_WRITE_TIMEOUT_S
     )

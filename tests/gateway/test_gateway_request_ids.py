@@ -12,6 +12,7 @@ import trio
 from smg_trio.gateway.call import Gateway
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.fanout import sub_request_id
+from smg_trio.gateway.metrics import GatewayMetrics
 from tests.gateway.conftest import DEADLINE_S, Harness, HarnessFactory, steps_of
 
 #: (x-request-id, endpoint, n): ``1`` fans out to the ids ``1-0``/``1-1`` would have, and the
@@ -98,7 +99,7 @@ async def test_one_id_from_100_clients(harness: HarnessFactory, tok: Any) -> Non
 def test_engine_ids_parse_back_to_one_request() -> None:
     """The structural rule behind the uniqueness: a wire id's token (its last ``-``
     component, or the one before when the last is a choice index) names one request."""
-    gw = Gateway(None, GatewayHttpConfig(), None)  # type: ignore[arg-type]
+    gw = Gateway(None, GatewayHttpConfig(), GatewayMetrics())  # type: ignore[arg-type]
     seen: dict[str, str] = {}
     for client_id in ["1", "1-0", "1-0-1", "0", "0_0", "a-0_1", "a"] * 3:
         base = gw.engine_id(client_id)
