@@ -1,6 +1,6 @@
 """Engine-client throughput, CPU cost and memory, against the mock engine in a subprocess.
 
-Not a test: it prints a table. The mock runs as ``python -m smg_trio.testing.mock_engine`` in a
+Not a test: it prints a table. The mock runs as ``python -m smg_trio.mock.engine`` in a
 child process, so this process's CPU time (``time.process_time``, all threads including
 libzmq's I/O thread) is the gateway side alone: the engine client, its output loop, decoding,
 dispatch and one consumer task per request.
@@ -65,7 +65,7 @@ async def mock_engine_client(protocol: ProtocolName, step_ms: float) -> AsyncIte
     argv = [
         sys.executable,
         "-m",
-        "smg_trio.testing.mock_engine",
+        "smg_trio.mock.engine",
         "--handshake",
         addresses.handshake,
         "--protocol",

@@ -50,11 +50,7 @@ if str(BENCH_DIR) not in sys.path:
 
 from loadgen import HttpConnection, HttpError, LoadResult, build_request, chat_body, run_load  # noqa: E402
 
-from smg_trio.connector import open_engine_client  # noqa: E402
-from smg_trio.protocol.addresses import worker_addresses  # noqa: E402
-from smg_trio.protocol.types import GenerateRequest, SamplingOptions  # noqa: E402
-from smg_trio.protocol.vllm import VllmProtocol  # noqa: E402
-from smg_trio.testing.peers import (  # noqa: E402
+from peers.tools import (  # noqa: E402
     SMG_SPEC,
     peer_paths,
     smg_launch_command,
@@ -64,7 +60,11 @@ from smg_trio.testing.peers import (  # noqa: E402
     vllm_engine_env,
     vllm_missing_reason,
 )
-from smg_trio.testing.tiny_model import default_tiny_model_dir  # noqa: E402
+from smg_trio.connector import open_engine_client  # noqa: E402
+from smg_trio.mock.tiny_model import default_tiny_model_dir  # noqa: E402
+from smg_trio.protocol.addresses import worker_addresses  # noqa: E402
+from smg_trio.protocol.types import GenerateRequest, SamplingOptions  # noqa: E402
+from smg_trio.protocol.vllm import VllmProtocol  # noqa: E402
 
 READY_TIMEOUT_S = 180.0
 #: The tiny model's max_position_embeddings; vLLM refuses a longer max_model_len.

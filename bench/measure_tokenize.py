@@ -23,7 +23,7 @@ from pathlib import Path
 
 import trio
 
-from smg_trio.testing.tiny_model import build_tiny_model
+from smg_trio.mock.tiny_model import build_tiny_model
 from smg_trio.tokenizer import Tokenizer
 
 SIZES = (1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)

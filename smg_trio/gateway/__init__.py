@@ -1,1 +1,2 @@
-"""smg_trio.gateway."""
+"""The gateway: ``openai`` (API semantics, framework-free), ``http`` (the app and handlers)
+and ``server`` (hypercorn and h11 internals, fenced)."""

@@ -47,7 +47,7 @@ def _positive(_: object, attr: attrs.Attribute[int], value: int) -> None:
 
 @attrs.frozen(kw_only=True)
 class GatewayHttpConfig:
-    """Settings of :func:`~smg_trio.gateway.app.create_app`. All limits are inclusive.
+    """Settings of :func:`~smg_trio.gateway.http.app.create_app`. All limits are inclusive.
 
     - ``max_n``: the largest ``n`` accepted (default 10, as smg; OpenAI allows 128). Larger
       ``n`` is a 400 naming ``n``.
@@ -71,7 +71,7 @@ class GatewayHttpConfig:
       up to ``queue_timeout_s`` seconds for a slot, among at most ``queue_size`` waiting, then
       gets 429 with ``Retry-After``.
     - ``write_timeout_s``: a response write blocked this long drops the connection (its engine
-      requests are ABORTed); applied by :func:`~smg_trio.gateway.app.serve_http`.
+      requests are ABORTed); applied by :func:`~smg_trio.gateway.http.app.serve_http`.
     """
 
     max_n: int = attrs.field(default=10, validator=_positive)

@@ -10,10 +10,11 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from smg_trio.gateway.admin import admin_blueprint
-from smg_trio.gateway.app import create_app, serve_http
 from smg_trio.gateway.config import GatewayHttpConfig
-from smg_trio.gateway.errors import ApiError
+from smg_trio.gateway.http.app import create_app, serve_http
+from smg_trio.gateway.openai.errors import ApiError
+from smg_trio.serve.admin import admin_blueprint
+from smg_trio.serve.admin_schema import ADMIN_OPERATIONS
 from smg_trio.serve.commands import (
     EngineLaunch,
     build_engine_command,
@@ -301,7 +302,7 @@ async def serve(
                     reasoning_parser=config.reasoning_parser,
                 )
             )
-        app = create_app(manager, _http_config(config))
+        app = create_app(manager, _http_config(config), operations=ADMIN_OPERATIONS)
         # as in smg, the shared --api-key also gates the control plane unless it has its own key
         admin_key = config.admin_api_key if config.admin_api_key is not None else config.api_key
         _log_admin_access(config, admin_key)

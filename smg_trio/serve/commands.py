@@ -154,7 +154,7 @@ def build_engine_command(
         return EngineLaunch(url, argv + rest, n, env)
     if backend == "mock":
         argv = [
-            py, "-m", "smg_trio.testing.mock_engine", "--handshake", addrs.handshake,
+            py, "-m", "smg_trio.mock.engine", "--handshake", addrs.handshake,
             *engine_args,
         ]  # fmt: skip
         return EngineLaunch(url, argv, 1, env)

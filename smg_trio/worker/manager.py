@@ -12,13 +12,13 @@ from typing import Any, Literal
 import attrs
 import trio
 
+from smg_trio.backend import NoWorkerAvailable, Readiness, ServedModel, WorkerLease
 from smg_trio.connector.client import (
     ENGINE_SILENCE_DEATH_TIMEOUT_S,
     EngineClient,
     open_engine_client,
 )
 from smg_trio.errors import EngineError, HandshakeError, SmgError, ValidationError
-from smg_trio.gateway.backend import NoWorkerAvailable, Readiness, ServedModel, WorkerLease
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol

@@ -17,7 +17,7 @@ from conformance import vectors
 from conformance import wire_context as wc
 from conformance.cli import main as conformance_main
 from conformance.wire import main, wire_cases
-from smg_trio.testing.peers import (
+from peers.tools import (
     peer_paths,
     repo_root,
     tokenspeed_missing_reason,

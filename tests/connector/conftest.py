@@ -15,14 +15,14 @@ import trio.lowlevel
 from smg_trio.codec.msgpack import encoder
 from smg_trio.connector import EngineClient, open_engine_client
 from smg_trio.connector.client import ENGINE_SILENCE_DEATH_TIMEOUT_S
+from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.protocol import vllm
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol, GenerateRequest, SamplingOptions
 from smg_trio.protocol.vllm import VllmProtocol
-from smg_trio.testing.ipc import IpcNamespace, free_handshake_address
-from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
 from smg_trio.transport.engine_side import EngineSockets, dial_frontend
+from tests.helpers.ipc import IpcNamespace, free_handshake_address
 
 #: Every I/O test runs under this absolute deadline (seconds).
 IO_DEADLINE_S = 10.0

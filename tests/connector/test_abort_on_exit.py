@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 from smg_trio.errors import RequestStreamClosed
+from smg_trio.mock.engine import MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses
-from smg_trio.testing.mock_engine import MockEngineConfig
 
 from .conftest import (
     IO_DEADLINE_S,

@@ -18,9 +18,9 @@ from smg_trio.connector import client as client_mod
 from smg_trio.connector import run_engine_client
 from smg_trio.connector.client import MAX_CONSECUTIVE_DECODE_ERRORS, EngineClient
 from smg_trio.errors import EngineDeadError
+from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.vllm import VllmProtocol
-from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
 from smg_trio.transport import engine_side, topology
 
 from .conftest import (

@@ -9,9 +9,9 @@ import pytest
 import trio
 
 from smg_trio.errors import ClientClosed, DuplicateRequestId, RequestStreamClosed
+from smg_trio.mock.engine import MockEngineConfig, MockRequest
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.types import EngineOutput
-from smg_trio.testing.mock_engine import MockEngineConfig, MockRequest
 
 from .conftest import (
     IO_DEADLINE_S,

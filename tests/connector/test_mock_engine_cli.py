@@ -1,4 +1,4 @@
-"""``python -m smg_trio.testing.mock_engine``: a separate process that dials the client like a
+"""``python -m smg_trio.mock.engine``: a separate process that dials the client like a
 real engine, serves, and exits 0 on SIGTERM/SIGINT."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ async def test_cli_serves_until_signalled(
     argv = [
         sys.executable,
         "-m",
-        "smg_trio.testing.mock_engine",
+        "smg_trio.mock.engine",
         "--handshake",
         addresses.handshake,
         "--protocol",
@@ -79,7 +79,7 @@ async def test_cli_serves_until_signalled(
 async def test_cli_rejects_bad_arguments() -> None:
     with trio.fail_after(SUBPROCESS_DEADLINE_S):
         result = await trio.run_process(
-            [sys.executable, "-m", "smg_trio.testing.mock_engine", "--protocol", "sglang"],
+            [sys.executable, "-m", "smg_trio.mock.engine", "--protocol", "sglang"],
             capture_stderr=True,
             check=False,
         )

@@ -11,10 +11,10 @@ import trio
 
 from smg_trio.connector.routing import RankRouter
 from smg_trio.errors import InvalidDataParallelRank
+from smg_trio.mock.engine import MockEngineConfig, MockRequest
 from smg_trio.protocol import vllm
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.types import EngineLoad
-from smg_trio.testing.mock_engine import MockEngineConfig, MockRequest
 
 from .conftest import (
     IO_DEADLINE_S,

@@ -9,8 +9,8 @@ from typing import Any
 import trio
 
 from smg_trio.connector.routing import WaveClock
+from smg_trio.mock.engine import MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses
-from smg_trio.testing.mock_engine import MockEngineConfig
 
 from .conftest import (
     IO_DEADLINE_S,

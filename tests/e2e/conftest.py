@@ -27,9 +27,9 @@ import httpx
 import pytest
 import trio
 
+from peers.tools import start_process_group, stop_process_group
+from smg_trio.mock.tiny_model import build_tiny_model
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
-from smg_trio.testing.peers import start_process_group, stop_process_group
-from smg_trio.testing.tiny_model import build_tiny_model
 
 E2E_ENV = "SMG_TRIO_E2E"
 INSTALL_HINT = "install the peers with: bash scripts/setup_peers.sh"

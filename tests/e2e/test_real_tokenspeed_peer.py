@@ -1,6 +1,6 @@
 """OUR EngineClient (TokenSpeedProtocol) against TokenSpeed 0.1.1's REAL engine-side transport.
 
-The peer (``smg_trio.testing.tokenspeed_peer`` under the peers' interpreter) handshakes with
+The peer (``peers.tokenspeed_peer`` under the peers' interpreter) handshakes with
 TokenSpeed's own ``connect_msgpack_engine`` and decodes/encodes with its own msgpack sockets;
 only the model is fake (one deterministic token per step).
 """
@@ -14,10 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from smg_trio.connector import EngineClient, open_engine_client
-from smg_trio.protocol import GenerateRequest, SamplingOptions
-from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
-from smg_trio.testing.peers import (
+from peers.tools import (
     start_process_group,
     stop_process_group,
     tokenspeed_missing_reason,
@@ -25,6 +22,9 @@ from smg_trio.testing.peers import (
     tokenspeed_peer_env,
     write_tokenspeed_stubs,
 )
+from smg_trio.connector import EngineClient, open_engine_client
+from smg_trio.protocol import GenerateRequest, SamplingOptions
+from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 
 from .conftest import ipc_worker, log_tail, require_e2e
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from peers.tools import vllm_engine_command, vllm_engine_env, vllm_missing_reason
 from smg_trio.connector import EngineClient, open_engine_client
 from smg_trio.protocol import EngineOutput, GenerateRequest, SamplingOptions
 from smg_trio.protocol.vllm import VllmProtocol
-from smg_trio.testing.peers import vllm_engine_command, vllm_engine_env, vllm_missing_reason
 from smg_trio.tokenizer.eos import resolve_eos
 
 from .conftest import (

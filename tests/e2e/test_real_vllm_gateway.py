@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from smg_trio.testing.peers import (
+from peers.tools import (
     repo_root,
     smg_launch_command,
     smg_missing_reason,

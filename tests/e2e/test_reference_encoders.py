@@ -22,9 +22,7 @@ import pytest
 from conformance import reference_roundtrip
 from conformance.vectors import REFERENCE_BATCH_FIELDS
 from conformance.wire_context import REFERENCE_TIMEOUT_S
-from smg_trio.codec import encoder
-from smg_trio.protocol.tokenspeed import TOP_K_DISABLED, BatchTokenIDOutSlim
-from smg_trio.testing.peers import (
+from peers.tools import (
     peer_paths,
     repo_root,
     tokenspeed_missing_reason,
@@ -33,6 +31,8 @@ from smg_trio.testing.peers import (
     vllm_missing_reason,
     write_tokenspeed_stubs,
 )
+from smg_trio.codec import encoder
+from smg_trio.protocol.tokenspeed import TOP_K_DISABLED, BatchTokenIDOutSlim
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

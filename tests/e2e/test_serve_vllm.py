@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from smg_trio.testing.peers import peer_paths, vllm_engine_env, vllm_missing_reason
-from smg_trio.testing.procs import alive, descendants
+from peers.tools import peer_paths, vllm_engine_env, vllm_missing_reason
+from tests.helpers.procs import alive, descendants
 
 from .conftest import ENGINE_STARTUP_S, free_port, log_tail, require_e2e, wait_http
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
-from smg_trio.testing.peers import smg_launch_command, smg_missing_reason
+from peers.tools import smg_launch_command, smg_missing_reason
+from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.tokenizer import Tokenizer
 
 from .conftest import (

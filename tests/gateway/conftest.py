@@ -17,18 +17,18 @@ import pytest
 import trio
 from quart_trio import QuartTrio
 
+from smg_trio.backend import ServedModel, StaticBackend
 from smg_trio.connector.client import EngineClient, open_engine_client
-from smg_trio.gateway.app import create_app, serve_http
-from smg_trio.gateway.backend import ServedModel, StaticBackend
 from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.http.app import create_app, serve_http
+from smg_trio.mock.engine import MockEngine, MockEngineConfig, Plan
+from smg_trio.mock.tiny_model import build_tiny_model
 from smg_trio.protocol.addresses import worker_addresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol
 from smg_trio.protocol.vllm import VllmProtocol
-from smg_trio.testing.ipc import free_handshake_address
-from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig, Plan
-from smg_trio.testing.tiny_model import build_tiny_model
 from smg_trio.tokenizer import Tokenizer, resolve_eos
+from tests.helpers.ipc import free_handshake_address
 
 #: Deadline for one ordinary gateway test (seconds); each test wraps itself in fail_after.
 DEADLINE_S = 10.0

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from smg_trio.gateway.config import GatewayHttpConfig
-from smg_trio.gateway.fastroute import InferenceRoutes
+from smg_trio.gateway.http.fastroute import InferenceRoutes
 from tests.gateway.conftest import DEADLINE_S, HarnessFactory
 from tests.gateway.test_gateway_rejections import assert_envelope, assert_untouched
 

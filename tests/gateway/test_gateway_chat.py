@@ -10,7 +10,7 @@ import openai
 import pytest
 import trio
 
-from smg_trio.testing.mock_engine import MockRequest
+from smg_trio.mock.engine import MockRequest
 from tests.gateway.conftest import DEADLINE_S, Harness, HarnessFactory, steps_of
 
 HI = [{"role": "user", "content": "hi"}]

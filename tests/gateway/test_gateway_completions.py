@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from smg_trio.testing.mock_engine import MockRequest
+from smg_trio.mock.engine import MockRequest
 from tests.gateway.conftest import DEADLINE_S, HarnessFactory, steps_of
 
 EOS = 2

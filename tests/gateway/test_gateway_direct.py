@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from smg_trio.gateway.direct import DirectSocket
+from smg_trio.gateway.server.direct import DirectSocket
 from tests.gateway.conftest import DEADLINE_S, HarnessFactory, RawSSE, steps_of
 
 

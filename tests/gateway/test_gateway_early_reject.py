@@ -2,7 +2,7 @@
 
 Found by the conformance runner against a real vLLM engine: a 415 answered from the headers,
 with the body arriving in a later TCP segment, left the connection open but deaf, so the
-client's next request on it timed out (see ``smg_trio/gateway/asgi_shield.py``). Every
+client's next request on it timed out (see ``smg_trio/gateway/server/asgi_shield.py``). Every
 rejection made from the headers alone has the same shape, so each is covered: 415 (content
 type), 401 (API key), 404 (unknown route). The client sends the headers, reads the whole
 error response, then sends the body and a second, valid request on the same connection. The

@@ -14,15 +14,15 @@ from typing import Any
 import httpx
 import trio
 
+from smg_trio.backend import ServedModel, StaticBackend
 from smg_trio.connector.client import open_engine_client
-from smg_trio.gateway.app import create_app, serve_http
-from smg_trio.gateway.backend import ServedModel, StaticBackend
+from smg_trio.gateway.http.app import create_app, serve_http
+from smg_trio.mock.engine import MockEngine, MockEngineConfig, MockRequest
 from smg_trio.protocol.addresses import worker_addresses
 from smg_trio.protocol.vllm import RequestError, VllmProtocol
-from smg_trio.testing.ipc import free_handshake_address
-from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig, MockRequest
 from smg_trio.tokenizer import Tokenizer
 from tests.gateway.conftest import DEADLINE_S, HarnessFactory, parse_sse, steps_of
+from tests.helpers.ipc import free_handshake_address
 
 PAUSED = RequestError("engine_paused", "Generation is paused. Please retry after it resumes.", True)
 CHAT = {"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

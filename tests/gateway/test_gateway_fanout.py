@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from smg_trio.testing.mock_engine import MockRequest
+from smg_trio.mock.engine import MockRequest
 from tests.gateway.conftest import (
     DEADLINE_S,
     Harness,

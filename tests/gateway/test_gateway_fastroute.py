@@ -1,4 +1,4 @@
-"""The inference routes served ahead of Quart (``smg_trio.gateway.fastroute``): request body
+"""The inference routes served ahead of Quart (``smg_trio.gateway.http.fastroute``): request body
 limits and timeouts, a client that leaves mid-body, the Quart views as the fallback, and a
 stream body that is never started."""
 
@@ -12,9 +12,9 @@ import pytest
 import trio
 import trio.testing
 
-from smg_trio.gateway.app import gateway_of
 from smg_trio.gateway.config import GatewayHttpConfig
-from smg_trio.gateway.fastroute import InferenceRoutes
+from smg_trio.gateway.http.app import gateway_of
+from smg_trio.gateway.http.fastroute import InferenceRoutes
 from tests.gateway.conftest import DEADLINE_S, HarnessFactory
 from tests.gateway.test_gateway_early_reject import _Reader, _request_head
 from tests.gateway.test_gateway_rejections import assert_envelope

@@ -10,9 +10,9 @@ import httpx
 import pytest
 import trio
 
-from smg_trio.gateway.app import serve_http
-from smg_trio.gateway.capabilities import render_capabilities
 from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.http.app import serve_http
+from smg_trio.gateway.openai.capabilities import render_capabilities
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.vllm import VllmProtocol
 from tests.gateway.conftest import DEADLINE_S, HarnessFactory, steps_of

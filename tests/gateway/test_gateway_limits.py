@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import trio
 
-from smg_trio.gateway import app as gateway_app
-from smg_trio.gateway.call import TOKENIZE_OFFLOAD_BYTES
 from smg_trio.gateway.config import REQUEST_TOKENS_CONTEXTS, GatewayHttpConfig
+from smg_trio.gateway.http import app as gateway_app
+from smg_trio.gateway.http.call import TOKENIZE_OFFLOAD_BYTES
 from smg_trio.tokenizer import Tokenizer
 from tests.gateway.conftest import DEADLINE_S, HarnessFactory, RawSSE
 from tests.gateway.test_gateway_direct import WriteSpy

@@ -13,8 +13,8 @@ from typing import Any
 
 import trio
 
-from smg_trio.gateway import hypercorn_close
-from smg_trio.gateway.app import serve_http
+from smg_trio.gateway.http.app import serve_http
+from smg_trio.gateway.server import hypercorn_close
 
 DEADLINE_S = 10.0
 #: Far more than loopback socket buffers hold, so the write blocks on a client not reading.

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from smg_trio.gateway.errors import EngineRequestFailed
-from smg_trio.gateway.textgen import ChoiceParams, ChoicePipeline
+from smg_trio.gateway.openai.errors import EngineRequestFailed
+from smg_trio.gateway.openai.textgen import ChoiceParams, ChoicePipeline
 from smg_trio.protocol.types import EngineOutput
 
 

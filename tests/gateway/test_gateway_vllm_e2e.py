@@ -16,22 +16,22 @@ import httpx
 import pytest
 import trio
 
-from smg_trio.connector.client import open_engine_client
-from smg_trio.gateway.app import create_app, serve_http
-from smg_trio.gateway.backend import ServedModel, StaticBackend
-from smg_trio.protocol.addresses import worker_addresses
-from smg_trio.protocol.vllm import VllmProtocol
-from smg_trio.testing.ipc import free_handshake_address
-from smg_trio.testing.peers import (
+from peers.tools import (
     start_process_group,
     stop_process_group,
     vllm_engine_command,
     vllm_engine_env,
     vllm_missing_reason,
 )
+from smg_trio.backend import ServedModel, StaticBackend
+from smg_trio.connector.client import open_engine_client
+from smg_trio.gateway.http.app import create_app, serve_http
+from smg_trio.protocol.addresses import worker_addresses
+from smg_trio.protocol.vllm import VllmProtocol
 from smg_trio.tokenizer import Tokenizer, resolve_eos
 from tests.gateway.conftest import RawSSE, content_indices, parse_sse
 from tests.gateway.test_gateway_chat import assert_stream_shape
+from tests.helpers.ipc import free_handshake_address
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -130,7 +130,7 @@ async def _cases(http: httpx.AsyncClient, tok: Tokenizer, base_url: str, client:
 # a marker, not pytest.skip() inside the trio test: that loses its reason in the summary
 @pytest.mark.skipif(vllm_missing_reason() is not None, reason=f"{vllm_missing_reason()}")
 async def test_gateway_against_real_vllm(tmp_path: Path) -> None:
-    from smg_trio.testing.tiny_model import build_tiny_model
+    from smg_trio.mock.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "model")
     tok = Tokenizer.from_dir(model_dir)

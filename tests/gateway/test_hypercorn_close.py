@@ -7,7 +7,7 @@ from __future__ import annotations
 import attrs
 import trio
 
-from smg_trio.gateway import hypercorn_close
+from smg_trio.gateway.server import hypercorn_close
 
 
 @attrs.define(eq=False)

@@ -14,17 +14,19 @@ import trio
 from openapi_spec_validator import validate
 from quart_trio import QuartTrio
 
-from smg_trio.gateway import admin
-from smg_trio.gateway import app as app_module
-from smg_trio.gateway.admin import admin_blueprint
-from smg_trio.gateway.admin_schema import WorkerSpecBody
-from smg_trio.gateway.app import create_app
 from smg_trio.gateway.config import GatewayHttpConfig
-from smg_trio.gateway.openapi import OPERATIONS, openapi_document
+from smg_trio.gateway.http import app as app_module
+from smg_trio.gateway.http.app import create_app
+from smg_trio.gateway.http.openapi import OPERATIONS, openapi_document
+from smg_trio.serve import admin
+from smg_trio.serve.admin import admin_blueprint
+from smg_trio.serve.admin_schema import ADMIN_OPERATIONS, WorkerSpecBody
 from smg_trio.worker.manager import WorkerManager
 
 DEADLINE_S = 10.0
 #: The routes documented as open even with --api-key / --admin-api-key.
+#: What serve documents: the app's own routes plus the admin API it mounts.
+ALL_OPERATIONS = (*OPERATIONS, *ADMIN_OPERATIONS)
 PUBLIC = {"/health", "/liveness", "/readiness", "/metrics", "/openapi.json"}
 
 
@@ -33,7 +35,7 @@ async def served_app(config: GatewayHttpConfig | None = None) -> AsyncIterator[Q
     """The app as ``serve`` builds it: create_app over a WorkerManager plus the admin routes."""
     async with trio.open_nursery() as nursery:
         manager = WorkerManager(nursery)
-        app = create_app(manager, config)
+        app = create_app(manager, config, operations=ADMIN_OPERATIONS)
         app.register_blueprint(admin_blueprint(manager, admin_api_key=None))
         yield app
         nursery.cancel_scope.cancel()
@@ -55,7 +57,7 @@ def _documented(doc: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 def test_document_is_valid_openapi_3_1() -> None:
-    doc = openapi_document()
+    doc = openapi_document(ALL_OPERATIONS)
     validate(doc)  # raises on an invalid document
     assert doc["openapi"].startswith("3.1")
     # every $ref resolves into components.schemas
@@ -68,7 +70,7 @@ async def test_every_served_route_is_documented_and_every_documented_one_served(
     with trio.fail_after(DEADLINE_S):
         async with served_app() as app:
             routes = _routes(app)
-            documented = _documented(openapi_document())
+            documented = _documented(openapi_document(ALL_OPERATIONS))
             assert routes == documented, (routes - documented, documented - routes)
 
 
@@ -87,7 +89,9 @@ async def test_served_document_is_built_once(monkeypatch: pytest.MonkeyPatch) ->
             served = await resp.get_json()
             monkeypatch.undo()
             assert served == msgspec.json.decode(
-                msgspec.json.encode(openapi_document(version=served["info"]["version"]))
+                msgspec.json.encode(
+                    openapi_document(ALL_OPERATIONS, version=served["info"]["version"])
+                )
             )
 
 
@@ -100,7 +104,7 @@ async def test_openapi_json_is_public_even_with_an_api_key() -> None:
 
 
 def test_security_marks_every_route_but_the_public_probes() -> None:
-    doc = openapi_document()
+    doc = openapi_document(ALL_OPERATIONS)
     schemes = set(doc["components"]["securitySchemes"])
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
@@ -113,7 +117,7 @@ def test_security_marks_every_route_but_the_public_probes() -> None:
 
 
 def test_error_responses_are_the_openai_envelope() -> None:
-    doc = openapi_document()
+    doc = openapi_document(ALL_OPERATIONS)
     envelope = doc["components"]["schemas"]["ErrorDetail"]
     assert set(envelope["properties"]) == {"message", "type", "param", "code"}
     for ops in doc["paths"].values():
@@ -133,7 +137,7 @@ def test_worker_spec_schema_matches_the_admin_parser() -> None:
 
 
 def test_operations_are_unique() -> None:
-    keys = [(op.method, op.path) for op in OPERATIONS]
+    keys = [(op.method, op.path) for op in ALL_OPERATIONS]
     assert len(keys) == len(set(keys))
-    ids = [op.operation_id for op in OPERATIONS]
+    ids = [op.operation_id for op in ALL_OPERATIONS]
     assert len(ids) == len(set(ids))

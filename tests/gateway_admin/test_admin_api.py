@@ -19,12 +19,12 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 from quart_trio import QuartTrio
 
-from smg_trio.gateway.admin import admin_blueprint
-from smg_trio.testing.ipc import IpcNamespace, free_handshake_address
-from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
-from smg_trio.testing.tiny_model import default_tiny_model_dir
+from smg_trio.mock.engine import MockEngine, MockEngineConfig
+from smg_trio.mock.tiny_model import default_tiny_model_dir
+from smg_trio.serve.admin import admin_blueprint
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager
+from tests.helpers.ipc import IpcNamespace, free_handshake_address
 
 DEADLINE_S = 10.0
 KEY = "admin-secret"

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from smg_trio.testing.procs import alive, descendants, engine_pids
+from tests.helpers.procs import alive, descendants, engine_pids
 
 __all__ = [
     "alive",

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from smg_trio.testing.tiny_model import default_tiny_model_dir
+from smg_trio.mock.tiny_model import default_tiny_model_dir
 
 # smg_trio.serve imports the HTTP app; these run once it is importable.
-pytest.importorskip("smg_trio.gateway.app", reason="the HTTP app has not landed yet")
+pytest.importorskip("smg_trio.gateway.http.app", reason="the HTTP app has not landed yet")
 
 from smg_trio import __version__, cli
 from smg_trio.protocol.addresses import derive_handshake_port
@@ -321,7 +321,7 @@ def test_mock_command() -> None:
     )
     hs = derive_handshake_port("ipc:///tmp/s/engine-31000")
     assert launch.argv == [
-        sys.executable, "-m", "smg_trio.testing.mock_engine",
+        sys.executable, "-m", "smg_trio.mock.engine",
         "--handshake", f"tcp://127.0.0.1:{hs}", "--step-ms", "0",
     ]  # fmt: skip
     assert launch.engine_count == 1

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("smg_trio.gateway.app", reason="the HTTP app has not landed yet")
+pytest.importorskip("smg_trio.gateway.http.app", reason="the HTTP app has not landed yet")
 
 from smg_trio import cli
+from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.serve import GatewayConfig, _confinement, _log_admin_access
 from smg_trio.serve.config import EngineLaunchConfig
-from smg_trio.testing.tiny_model import default_tiny_model_dir
 from smg_trio.worker.confine import hf_hub_cache
 
 

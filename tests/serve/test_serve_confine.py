@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 import trio
 
-from smg_trio.testing.ipc import free_handshake_address
+from tests.helpers.ipc import free_handshake_address
 
 from .conftest import random_worker_base_port
 
 httpx = pytest.importorskip("httpx")
 
+from smg_trio.mock.tiny_model import default_tiny_model_dir  # noqa: E402
 from smg_trio.serve import EngineLaunchConfig, GatewayConfig, open_gateway  # noqa: E402
-from smg_trio.testing.tiny_model import default_tiny_model_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow
 MODEL = "mock-tiny"

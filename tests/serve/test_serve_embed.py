@@ -11,11 +11,11 @@ import trio
 
 from .conftest import descendants, random_worker_base_port, wait_all_gone
 
-pytest.importorskip("smg_trio.gateway.app", reason="the HTTP app has not landed yet")
+pytest.importorskip("smg_trio.gateway.http.app", reason="the HTTP app has not landed yet")
 httpx = pytest.importorskip("httpx")
 
+from smg_trio.mock.tiny_model import default_tiny_model_dir  # noqa: E402
 from smg_trio.serve import EngineLaunchConfig, GatewayConfig, ServeHandle, open_gateway, serve  # noqa: E402
-from smg_trio.testing.tiny_model import default_tiny_model_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -23,6 +23,7 @@ from .conftest import engine_pids, random_worker_base_port, wait_all_gone
 
 httpx = pytest.importorskip("httpx")
 
+from smg_trio.mock.tiny_model import default_tiny_model_dir  # noqa: E402
 from smg_trio.serve import (  # noqa: E402
     ENGINE_RESTART_LIMIT,
     EngineLaunchConfig,
@@ -33,7 +34,6 @@ from smg_trio.serve import (  # noqa: E402
 )
 from smg_trio.serve.commands import EngineLaunch  # noqa: E402
 from smg_trio.serve.launcher import EngineExited  # noqa: E402
-from smg_trio.testing.tiny_model import default_tiny_model_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

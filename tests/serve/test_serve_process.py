@@ -21,7 +21,7 @@ from .conftest import (
     wait_all_gone,
 )
 
-pytest.importorskip("smg_trio.gateway.app", reason="the HTTP app has not landed yet")
+pytest.importorskip("smg_trio.gateway.http.app", reason="the HTTP app has not landed yet")
 openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow

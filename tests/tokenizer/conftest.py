@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer as HfTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from smg_trio.testing.tiny_model import build_tiny_model
+from smg_trio.mock.tiny_model import build_tiny_model
 from smg_trio.tokenizer import Tokenizer
 
 UNICODE_TEXTS = [

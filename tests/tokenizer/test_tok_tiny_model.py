@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from smg_trio.testing import tiny_model
-from smg_trio.testing.tiny_model import (
+from smg_trio.mock import tiny_model
+from smg_trio.mock.tiny_model import (
     ENV_TINY_MODEL_DIR,
     TINY_MODEL_FILES,
     build_tiny_model,

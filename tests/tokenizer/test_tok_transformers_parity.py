@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from smg_trio.testing.peers import peer_paths, vllm_engine_env, vllm_missing_reason
+from peers.tools import peer_paths, vllm_engine_env, vllm_missing_reason
 from smg_trio.tokenizer import Tokenizer, resolve_eos
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import zmq
 
-from smg_trio.testing.ipc import IpcNamespace
 from smg_trio.transport.zsocket import ZmqSocket, zmq_context
+from tests.helpers.ipc import IpcNamespace
 
 #: Every I/O test runs under this absolute deadline (seconds).
 IO_DEADLINE_S = 10.0

@@ -16,8 +16,8 @@ from smg_trio.protocol.handshake import (
     decode_status,
     encode_init,
 )
-from smg_trio.testing.ipc import IpcNamespace
 from smg_trio.transport import bind_worker_sockets, engine_index, run_handshake
+from tests.helpers.ipc import IpcNamespace
 
 from .conftest import IO_DEADLINE_S, RawSocketFactory
 

@@ -10,8 +10,8 @@ import zmq
 
 from smg_trio.errors import UnexpectedHandshakeMessage
 from smg_trio.protocol.handshake import EngineCoreReadyResponse, encode_ready_response
-from smg_trio.testing.ipc import IpcNamespace
 from smg_trio.transport import bind_worker_sockets, dial_frontend, run_handshake
+from tests.helpers.ipc import IpcNamespace
 
 from .conftest import IO_DEADLINE_S, RawSocketFactory
 

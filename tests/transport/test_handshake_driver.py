@@ -24,7 +24,6 @@ from smg_trio.protocol.handshake import (
     encode_ready_response,
     encode_status,
 )
-from smg_trio.testing.ipc import IpcNamespace
 from smg_trio.transport import (
     BoundSockets,
     EngineRegistration,
@@ -33,6 +32,7 @@ from smg_trio.transport import (
     engine_index,
     run_handshake,
 )
+from tests.helpers.ipc import IpcNamespace
 
 from .conftest import IO_DEADLINE_S, RawSocketFactory
 

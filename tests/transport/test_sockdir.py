@@ -10,13 +10,13 @@ import pytest
 import zmq
 
 from smg_trio.errors import SocketDirError, WorkerAddressError
-from smg_trio.testing.ipc import IpcNamespace
 from smg_trio.transport.sockdir import (
     SUN_PATH_MAX,
     check_ipc_path,
     ensure_ipc_socket_dir,
     unlink_stale_socket,
 )
+from tests.helpers.ipc import IpcNamespace
 
 
 def _mode(path: str) -> int:

@@ -13,8 +13,8 @@ import zmq
 
 from smg_trio.errors import EngineError, SocketDirError
 from smg_trio.protocol.addresses import worker_addresses
-from smg_trio.testing.ipc import IpcNamespace
 from smg_trio.transport.topology import bind_worker_sockets
+from tests.helpers.ipc import IpcNamespace
 
 from .conftest import IO_DEADLINE_S, RawSocketFactory
 

@@ -11,8 +11,8 @@ import trio
 import trio.testing
 import zmq
 
-from smg_trio.testing.ipc import IpcNamespace
 from smg_trio.transport.zsocket import ZmqSocket, zmq_context
+from tests.helpers.ipc import IpcNamespace
 
 from .conftest import IO_DEADLINE_S, RawSocketFactory
 

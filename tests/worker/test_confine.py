@@ -12,11 +12,11 @@ import pytest
 import trio
 
 from smg_trio.errors import ModelPathError, ValidationError
-from smg_trio.testing.ipc import IpcNamespace, free_handshake_address
-from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
-from smg_trio.testing.tiny_model import default_tiny_model_dir
+from smg_trio.mock.engine import MockEngine, MockEngineConfig
+from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.worker.confine import WorkerConfinement, escape, hf_hub_cache
 from smg_trio.worker.manager import WorkerManager, WorkerSpec
+from tests.helpers.ipc import IpcNamespace, free_handshake_address
 
 SOCK = "/run/smg-test-sockets"
 MODELS = "/srv/smg-test-models"

@@ -15,16 +15,16 @@ import pytest
 import trio
 import trio.lowlevel
 
+from smg_trio.backend import NoWorkerAvailable
 from smg_trio.errors import EngineError, ValidationError
-from smg_trio.gateway.backend import NoWorkerAvailable
+from smg_trio.mock.engine import MockEngine, MockEngineConfig
+from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.protocol.addresses import derive_handshake_port
 from smg_trio.protocol.types import GenerateRequest, SamplingOptions
-from smg_trio.testing.ipc import IpcNamespace, free_handshake_address
-from smg_trio.testing.mock_engine import MockEngine, MockEngineConfig
-from smg_trio.testing.tiny_model import default_tiny_model_dir
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
 from smg_trio.worker.policies import POLICY_NAMES
+from tests.helpers.ipc import IpcNamespace, free_handshake_address
 
 DEADLINE_S = 30.0  # generous: CI machines are shared; a pass takes ~1 s
 

@@ -1,0 +1,289 @@
+"""``create_app``: the quart-trio application, and ``serve_http``: hypercorn's trio server."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
+
+import msgspec
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve as hypercorn_serve
+from quart import Request, Response, request
+from quart_trio import QuartTrio
+from quart_trio.asgi import TrioASGIHTTPConnection
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
+
+from smg_trio import __version__
+from smg_trio.backend import GatewayBackend
+from smg_trio.gateway.config import DEFAULT_WRITE_TIMEOUT_S, GatewayHttpConfig
+from smg_trio.gateway.http.call import JSON_TYPE, Gateway, RequestCall, json_response
+from smg_trio.gateway.http.chat import handle_chat
+from smg_trio.gateway.http.completions import handle_completions
+from smg_trio.gateway.http.fastroute import AsgiRequest, InferenceRoutes
+from smg_trio.gateway.http.health import health, liveness, readiness
+from smg_trio.gateway.http.metrics import GatewayMetrics
+from smg_trio.gateway.http.openapi import OPERATIONS, Operation, openapi_document
+from smg_trio.gateway.http.sse import StreamBody
+from smg_trio.gateway.openai.errors import ApiError, to_api_error
+from smg_trio.gateway.openai.models import model_detail, model_list
+from smg_trio.gateway.server import hypercorn_close, hypercorn_errors
+from smg_trio.gateway.server.asgi_guard import RequestGuard
+from smg_trio.gateway.server.asgi_shield import ShieldedFinish
+from smg_trio.gateway.server.direct import SERVER_SEND_KEY, DirectSocket
+from smg_trio.tokenizer import REASONING_PARSERS
+
+__all__ = ["GATEWAY_KEY", "create_app", "gateway_of", "listen_backlog", "serve_http"]
+
+log = logging.getLogger(__name__)
+
+#: The kernel's cap on a listening socket's accept queue (``listen(2)`` clamps to it).
+SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
+#: The backlog when ``SOMAXCONN_PATH`` cannot be read (Linux's default since 5.4).
+DEFAULT_BACKLOG = 4096
+
+#: ``app.extensions`` key holding the app's :class:`~smg_trio.gateway.http.call.Gateway`.
+GATEWAY_KEY = "smg_trio.gateway"
+
+
+class _Connection(TrioASGIHTTPConnection):
+    """Quart-trio's connection, plus: a stream body gets the connection's direct socket, and
+    one that was never entered (the client vanished between the view returning and the body
+    starting) still ABORTs its engine request and releases its lease."""
+
+    async def _send_response(self, send: Any, response: Any) -> None:
+        body = getattr(response, "response", None)
+        if isinstance(body, StreamBody):
+            extensions = self.scope.get("extensions") or {}
+            body.attach(DirectSocket.of(extensions.get(SERVER_SEND_KEY)))
+        try:
+            await super()._send_response(send, response)
+        finally:
+            if isinstance(body, StreamBody):
+                with trio.CancelScope(shield=True):  # its ABORT send is time-bounded
+                    await body.release()
+
+
+def _current() -> Request:
+    return cast(Request, request._get_current_object())  # type: ignore[attr-defined]
+
+
+def gateway_of(app: QuartTrio) -> Gateway:
+    """The :class:`~smg_trio.gateway.http.call.Gateway` of an app made by :func:`create_app`."""
+    return cast(Gateway, app.extensions[GATEWAY_KEY])
+
+
+def create_app(
+    backend: GatewayBackend,
+    config: GatewayHttpConfig | None = None,
+    *,
+    metrics: GatewayMetrics | None = None,
+    operations: Sequence[Operation] = (),
+) -> QuartTrio:
+    """Build the HTTP front for ``backend``.
+
+    Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+    ``GET /v1/models/<id>``, ``GET /health``, ``GET /liveness``, ``GET /readiness``,
+    ``GET /metrics``, ``GET /openapi.json``. Every error is an OpenAI envelope with ``x-request-id``. ``metrics``
+    defaults to a fresh :class:`GatewayMetrics` on its own registry. ``operations``: the routes
+    the caller mounts on the app itself (``serve``'s admin API), documented in
+    ``/openapi.json`` too. Raises ``ValueError`` for
+    an unknown ``config.reasoning_parser``.
+    """
+    config = config or GatewayHttpConfig()
+    if config.reasoning_parser is not None and config.reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(
+            f"unknown reasoning parser {config.reasoning_parser!r}; "
+            f"valid: {', '.join(sorted(REASONING_PARSERS))}"
+        )
+    metrics = metrics or GatewayMetrics()
+    gw = Gateway(backend, config, metrics)
+
+    app = QuartTrio("smg_trio.gateway", static_folder=None)
+    app.asgi_http_class = _Connection
+    app.config.update(
+        RESPONSE_TIMEOUT=None,  # streams last as long as generation does
+        BODY_TIMEOUT=config.body_timeout_s,
+        MAX_CONTENT_LENGTH=config.max_body_bytes,
+    )
+    app.extensions[GATEWAY_KEY] = gw
+
+    async def chat_route(req: Request | AsgiRequest) -> Response:
+        return await handle_chat(RequestCall(gw, req, "chat", "chatcmpl-"))
+
+    async def completions_route(req: Request | AsgiRequest) -> Response:
+        return await handle_completions(RequestCall(gw, req, "completions", "cmpl-"))
+
+    async def send_response(scope: Any, send: Any, response: Response) -> None:
+        await _Connection(app, scope)._send_response(send, response)
+
+    # The hot routes skip Quart's per-request machinery; the Quart views below serve what the
+    # middleware does not take (e.g. the app mounted under a root path).
+    app.asgi_app = RequestGuard(  # type: ignore[assignment,method-assign]
+        InferenceRoutes(
+            app.asgi_app,
+            {"/v1/chat/completions": chat_route, "/v1/completions": completions_route},
+            send_response,
+            max_body=config.max_body_bytes,
+            body_timeout_s=config.body_timeout_s,
+        )
+    )
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> Response:
+        return await chat_route(_current())
+
+    @app.post("/v1/completions")
+    async def completions() -> Response:
+        return await completions_route(_current())
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        req = _current()
+        rid = gw.request_id(req)
+        try:
+            gw.check_auth(req)
+            return json_response(200, model_list(backend), rid)
+        except ApiError as exc:
+            return json_response(exc.status, exc.body(), rid)
+
+    @app.get("/v1/models/<path:model_id>")
+    async def model(model_id: str) -> Response:
+        req = _current()
+        rid = gw.request_id(req)
+        try:
+            gw.check_auth(req)
+            return json_response(200, model_detail(backend, model_id), rid)
+        except ApiError as exc:
+            return json_response(exc.status, exc.body(), rid)
+
+    def _probe(result: tuple[int, bytes], content_type: str = "text/plain") -> Response:
+        status, body = result
+        return Response(body, status=status, content_type=content_type)
+
+    @app.get("/liveness")
+    async def live() -> Response:
+        return _probe(liveness())
+
+    @app.get("/health")
+    async def healthz() -> Response:
+        return _probe(health(backend))
+
+    @app.get("/readiness")
+    async def ready() -> Response:
+        return _probe(readiness(backend), JSON_TYPE)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, status=200, content_type=content_type)
+
+    openapi_body = msgspec.json.encode(
+        openapi_document((*OPERATIONS, *operations), version=__version__)
+    )  # built once
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        return Response(openapi_body, status=200, content_type=JSON_TYPE)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        code = {404: "not_found", 405: "method_not_allowed"}.get(status)
+        err = ApiError(status, exc.description or exc.name, code=code)
+        resp = json_response(status, err.body(), gw.request_id(_current()))
+        if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
+            resp.headers["Allow"] = ", ".join(sorted(exc.valid_methods))  # RFC 9110 15.5.6
+        return resp
+
+    @app.errorhandler(Exception)
+    async def internal_error(exc: Exception) -> Response:
+        err = to_api_error(exc)
+        return json_response(err.status, err.body())
+
+    return app
+
+
+def listen_backlog(path: str = SOMAXCONN_PATH) -> int:
+    """The listen backlog: the kernel's ``somaxconn`` (hypercorn's default, 100, drops
+    connections of a burst that the gateway could serve), else :data:`DEFAULT_BACKLOG`."""
+    try:
+        with open(path, encoding="ascii") as f:
+            value = int(f.read().strip())
+    except (OSError, ValueError):
+        return DEFAULT_BACKLOG
+    return value if value > 0 else DEFAULT_BACKLOG
+
+
+def hyper_config(host: str, port: int, graceful_timeout_s: float) -> HyperConfig:
+    """Hypercorn's config for :func:`serve_http`."""
+    cfg = HyperConfig()
+    cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    cfg.accesslog = None
+    cfg.errorlog = logging.getLogger("hypercorn.error")
+    cfg.graceful_timeout = graceful_timeout_s
+    cfg.backlog = listen_backlog()
+    return cfg
+
+
+async def serve_http(
+    app: QuartTrio,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    graceful_timeout_s: float = 30.0,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` with hypercorn's trio worker on ``host:port`` (port 0: any free port).
+
+    For ``binds = await nursery.start(serve_http, app, host, port)``: ``binds`` is the list of
+    bound base URLs, e.g. ``["http://127.0.0.1:41234"]``. Runs until cancelled or until
+    ``shutdown_trigger()`` returns; then in-flight requests get ``graceful_timeout_s`` seconds
+    to finish. Hypercorn logs through the ``hypercorn.error`` logger; no access log. A write
+    blocked for the app's ``write_timeout_s`` drops its connection; the listen backlog is
+    :func:`listen_backlog`.
+    """
+    hypercorn_close.install()
+    hypercorn_errors.install()
+    cfg = hyper_config(host, port, graceful_timeout_s)
+    gw = getattr(app, "extensions", {}).get(GATEWAY_KEY)  # a bare ASGI app has none
+    write_timeout_s = (
+        gw.config.write_timeout_s if isinstance(gw, Gateway) else DEFAULT_WRITE_TIMEOUT_S
+    )
+    stopped = trio.Event()
+    async with trio.open_nursery() as nursery:
+        if math.isfinite(write_timeout_s):
+            nursery.start_soon(hypercorn_close.drop_stalled_writes, cfg, write_timeout_s)
+
+        async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
+            try:
+                await hypercorn_serve(
+                    ShieldedFinish(app),  # type: ignore[arg-type]
+                    cfg,
+                    shutdown_trigger=shutdown_trigger,
+                    task_status=task_status,
+                )
+            finally:
+                stopped.set()
+            nursery.cancel_scope.cancel()  # it ended by itself (shutdown_trigger)
+
+        binds: list[str] = await nursery.start(run_server)
+        task_status.started(binds)
+        try:
+            await trio.sleep_forever()
+        finally:
+            # Stopping: a write blocked on a client that stopped reading would hold its
+            # connection, and so the server, open for as long as that client stays connected.
+            # Swept until the server has stopped, not once: a response's last message is sent
+            # under a shield, so a write can start (and block) after stopping began.
+            stuck = 0
+            with trio.CancelScope(shield=True):  # each sweep bounded by BLOCKED_WRITE_GRACE_S
+                while not stopped.is_set():
+                    stuck += await hypercorn_close.close_blocked_writes()
+                    with trio.move_on_after(hypercorn_close.BLOCKED_WRITE_GRACE_S):
+                        await stopped.wait()
+            if stuck:
+                log.warning("closed %d connection(s) whose client stopped reading", stuck)

@@ -1,0 +1,368 @@
+"""Per-app state (``Gateway``) and per-request bookkeeping (``RequestCall``): request ids,
+auth, body parsing, model lookup, the worker lease, responses and metrics."""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import msgspec
+import trio
+from quart import Request, Response
+from werkzeug.exceptions import HTTPException
+
+from smg_trio.backend import GatewayBackend, NoWorkerAvailable, ServedModel, WorkerLease
+from smg_trio.connector.client import EngineClient
+from smg_trio.errors import EngineError
+from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.http.admission import AdmissionGate
+from smg_trio.gateway.http.metrics import GatewayMetrics
+from smg_trio.gateway.openai.errors import (
+    ApiError,
+    EngineRequestFailed,
+    model_not_found,
+    to_api_error,
+)
+from smg_trio.gateway.openai.fanout import SubRequest
+from smg_trio.gateway.openai.schemas import decode_body
+
+__all__ = [
+    "JSON_TYPE",
+    "SSE_HEADERS",
+    "TOKENIZER_THREADS",
+    "TOKENIZE_OFFLOAD_BYTES",
+    "Gateway",
+    "RequestCall",
+    "bearer_matches",
+    "json_response",
+]
+
+if TYPE_CHECKING:
+    from smg_trio.gateway.http.fastroute import AsgiRequest
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+JSON_TYPE = "application/json"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_MAX_REQUEST_ID = 256
+#: Leases tried when looking for a worker other than the one that asked for a retry.
+_RETRY_PICKS = 4
+
+#: Request bodies from this size on are rendered and tokenized in a worker thread (HF
+#: ``tokenizers`` releases the GIL while it encodes); smaller ones inline, where a thread
+#: round trip would cost more than the work. Measured in docs/performance.md: an 8 KiB prompt
+#: renders and encodes in about 3-5 ms, a 1 MiB one in about 1 s.
+TOKENIZE_OFFLOAD_BYTES: Final = 8 * 1024
+#: Worker threads tokenizing large prompts at once (more wait), which bounds their memory too.
+TOKENIZER_THREADS: Final = 4
+
+
+def json_response(
+    status: int,
+    body: bytes,
+    request_id: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """A JSON response, with ``x-request-id`` when given (and ``headers``)."""
+    resp = Response(body, status=status, content_type=JSON_TYPE)
+    if request_id is not None:
+        resp.headers["x-request-id"] = request_id
+    if headers:
+        resp.headers.update(headers)
+    return resp
+
+
+def bearer_matches(authorization: str, key: bytes) -> bool:
+    """Whether an ``Authorization`` header carries ``Bearer <key>`` (scheme case-insensitive,
+    as RFC 7235 says; compared in constant time)."""
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key)
+
+
+def _random_id() -> str:
+    return secrets.token_hex(16)
+
+
+class Gateway:
+    """What the handlers share: the backend seam, config, metrics, and the source of engine
+    request ids (see :meth:`engine_id`: a repeated ``x-request-id`` never collides on the
+    engine)."""
+
+    def __init__(
+        self, backend: GatewayBackend, config: GatewayHttpConfig, metrics: GatewayMetrics
+    ) -> None:
+        self.backend = backend
+        self.config = config
+        self.metrics = metrics
+        # vLLM's convention (0.10+): the engine id is the external id plus a unique suffix.
+        self._id_nonce = secrets.token_hex(3)
+        self._id_seq = itertools.count()
+        self._api_key = None if config.api_key is None else config.api_key.encode()
+        self.admission = AdmissionGate(
+            config.max_concurrent_requests, config.queue_size, config.queue_timeout_s
+        )
+        self.tokenizer_limiter = trio.CapacityLimiter(TOKENIZER_THREADS)
+        metrics.watch_admission(self.admission)
+
+    def request_id(self, request: Request | AsgiRequest) -> str:
+        """The first configured request-id header present (printable ASCII without spaces,
+        <= 256 chars), else a fresh 32-hex-digit id."""
+        headers = request.headers
+        for name in self.config.request_id_headers:
+            value = headers.get(name)
+            if (
+                value
+                and len(value) <= _MAX_REQUEST_ID
+                and value.isascii()
+                and value.isprintable()
+                and " " not in value
+            ):
+                return str(value)
+        return _random_id()
+
+    def check_auth(self, request: Request | AsgiRequest) -> None:
+        """401 unless the bearer token matches the configured API key (if any)."""
+        if self._api_key is None:
+            return
+        if not bearer_matches(request.headers.get("authorization", ""), self._api_key):
+            raise ApiError(
+                401,
+                "Incorrect API key provided.",
+                code="invalid_api_key",
+                error_type="authentication_error",
+            )
+
+    def resolve_model(self, name: str | None) -> ServedModel:
+        """Exact, case- and space-sensitive lookup. A missing ``model`` picks the only served
+        model (vLLM's rule) and is a 400 when several are served. Unknown: 404."""
+        if name is None:
+            models = self.backend.list_models()
+            if len(models) == 1:
+                return models[0]
+            raise ApiError(
+                400, "'model' is required", param="model", code="missing_required_parameter"
+            )
+        served = self.backend.get_model(name)
+        if served is None:
+            raise model_not_found(name)
+        return served
+
+    def engine_id(self, response_id: str) -> str:
+        """The engine id base ``f"{response_id}-{token}"``, unique whatever clients send.
+
+        ``token`` is ``{nonce}_{seq}``: this gateway's random nonce and a sequence number that
+        is never reused, so it has no ``-`` and is never all digits. Sub-requests append
+        ``-{index}`` (:func:`~smg_trio.gateway.openai.fanout.sub_request_id`). The token is then
+        recoverable from any wire id (the last ``-`` component, or the one before it when the
+        last is all digits), so two requests never share a wire id, however their client ids
+        look (``1`` and ``1-0``, one id from many clients, ids shaped like sub-request ids).
+        The nonce keeps gateways that share an engine apart.
+        """
+        return f"{response_id}-{self._id_nonce}_{next(self._id_seq)}"
+
+
+class RequestCall:
+    """One HTTP request's lifetime: ids, timing, lease and the final metrics record.
+
+    :meth:`close` runs exactly once (the handler's ``finally`` for JSON responses, the
+    stream body's exit for SSE): it releases the lease and records metrics.
+    """
+
+    def __init__(
+        self, gw: Gateway, request: Request | AsgiRequest, endpoint: str, id_prefix: str
+    ) -> None:
+        self.gw = gw
+        self.endpoint = endpoint
+        self.request = request
+        self.request_id = gw.request_id(request)
+        rid = self.request_id
+        self.response_id = rid if rid.startswith(id_prefix) else f"{id_prefix}{rid}"
+        self.created = int(time.time())
+        self.start = time.perf_counter()
+        self.first_batch: float | None = None
+        self.engine_id: str | None = None
+        self.prompt_tokens = 0
+        self.subs: Sequence[SubRequest] = ()
+        self._lease_cm: AbstractContextManager[WorkerLease] | None = None
+        self._lease: WorkerLease | None = None
+        self._closed = False
+        self._admitted = False
+        #: Size of the request body, which decides whether tokenizing goes to a thread.
+        self.body_bytes = 0
+        gw.metrics.in_flight.inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s started (Content-Type %r)", rid, endpoint, request.content_type)
+
+    # -- steps ---------------------------------------------------------------------------
+
+    async def read_body(self, type_: type[T]) -> T:
+        """Auth, then ``Content-Type`` (415 unless ``application/json``, parameters such as
+        ``charset`` allowed), then the body (413 too large, 408 too slow), then a slot under
+        ``--max-concurrent-requests`` (429 when none frees in time), then the body decoded
+        into ``type_`` (400 naming the field). While draining: 503 before the body is read, so
+        a stopping gateway spends nothing (reading, tokenizing) on requests it will refuse."""
+        self.gw.check_auth(self.request)
+        if self.gw.backend.draining:
+            raise ApiError(503, "the gateway is shutting down", code="draining")
+        mime = (self.request.mimetype or "").lower()
+        if mime != JSON_TYPE and not (mime.startswith("application/") and mime.endswith("+json")):
+            raise ApiError(
+                415,
+                f"Unsupported Content-Type {self.request.content_type or '(none)'!r}: "
+                "only application/json is accepted",
+                code="unsupported_media_type",
+            )
+        try:
+            data = await self.request.get_data(cache=False)
+        except HTTPException as exc:
+            raise ApiError(exc.code or 400, exc.description or exc.name) from None
+        if not isinstance(data, bytes):
+            data = data.encode()
+        self.body_bytes = len(data)
+        await self.gw.admission.enter(self)
+        self._admitted = True
+        return decode_body(data, type_)
+
+    async def tokenize(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (chat-template rendering, encoding) inline for a small request, or in a
+        worker thread from :data:`TOKENIZE_OFFLOAD_BYTES` of body on, so that the event loop
+        never waits for it. The thread is not abandoned on cancellation (structured
+        concurrency): a client that goes away waits for at most one encode of a prompt that
+        can fit the context (larger ones are refused before encoding)."""
+        if self.body_bytes < TOKENIZE_OFFLOAD_BYTES:
+            return fn()
+        return await trio.to_thread.run_sync(fn, limiter=self.gw.tokenizer_limiter)
+
+    def reserve_engine_id(self) -> str:
+        """The engine request id base: the response id plus a gateway-unique suffix."""
+        self.engine_id = self.gw.engine_id(self.response_id)
+        return self.engine_id
+
+    def lease(self, model_id: str) -> WorkerLease:
+        """Take a worker for this request (503 when none); released by :meth:`close`."""
+        if self.gw.backend.draining:
+            raise ApiError(503, "the gateway is shutting down", code="draining")
+        cm = self.gw.backend.lease(model_id)
+        lease = cm.__enter__()
+        self._lease_cm, self._lease = cm, lease
+        self.gw.metrics.track_worker(lease.worker_id, lease.client)
+        return lease
+
+    async def run_with_retry(
+        self, model_id: str, client: EngineClient, run: Callable[[EngineClient], Awaitable[None]]
+    ) -> None:
+        """``await run(client)``. When the engine rejects the request with a retryable error
+        (a paused engine, vLLM 0.33+) before any choice produced output, run it once more on
+        another ready worker; this call's lease moves there. Otherwise, and when there is no
+        other worker, the error stands (503 with ``Retry-After``). The only retry point."""
+        try:
+            await run(client)
+        except EngineRequestFailed as exc:
+            if not exc.retryable or any(
+                s.pipeline.completion_tokens or s.pipeline.done for s in self.subs
+            ):
+                raise
+            other = self._lease_elsewhere(model_id)
+            if other is None:
+                raise
+            log.info("%s: %s; retrying on worker %s", self.request_id, exc, other.worker_id)
+            await run(other.client)
+
+    def _lease_elsewhere(self, model_id: str) -> WorkerLease | None:
+        """Swap this call's lease for one on a different live worker, or return ``None``."""
+        old_cm, old = self._lease_cm, self._lease
+        assert old_cm is not None
+        assert old is not None
+        for _ in range(_RETRY_PICKS):
+            cm = self.gw.backend.lease(model_id)
+            try:
+                lease = cm.__enter__()
+            except NoWorkerAvailable:
+                return None
+            if lease.worker_id != old.worker_id and lease.client.alive:
+                self._lease_cm, self._lease = cm, lease
+                old_cm.__exit__(None, None, None)
+                self.gw.metrics.track_worker(lease.worker_id, lease.client)
+                return lease
+            cm.__exit__(None, None, None)
+        return None
+
+    def on_batch(self) -> None:
+        """Called per engine batch: marks the first token's time."""
+        if self.first_batch is None:
+            self.first_batch = time.perf_counter()
+
+    # -- endings -------------------------------------------------------------------------
+
+    def error_response(self, exc: BaseException) -> Response:
+        """The JSON error response for ``exc`` (closes the call)."""
+        err = to_api_error(exc)
+        self.close(err.status, err.detail.code, exc)
+        return json_response(err.status, err.body(), self.request_id, err.headers)
+
+    def ok_response(self, payload: msgspec.Struct) -> Response:
+        """A 200 JSON response (closes the call)."""
+        self.close(200)
+        return json_response(200, msgspec.json.encode(payload), self.request_id)
+
+    def close(
+        self, status: int, error_code: str | None = None, exc: BaseException | None = None
+    ) -> None:
+        """Release the lease and record metrics; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        gw = self.gw
+        log.debug("%s %s finished: %d %s", self.request_id, self.endpoint, status, error_code or "")
+        gw.metrics.in_flight.dec()
+        if self._admitted:
+            self._admitted = False
+            gw.admission.leave(self)
+        cm, self._lease_cm = self._lease_cm, None
+        if cm is not None:
+            engine_exc = exc if isinstance(exc, EngineError) else None
+            try:
+                cm.__exit__(
+                    None if engine_exc is None else type(engine_exc),
+                    engine_exc,
+                    None if engine_exc is None else engine_exc.__traceback__,
+                )
+            except Exception:
+                if engine_exc is None:
+                    log.exception("releasing the worker lease failed")
+        end = time.perf_counter()
+        gw.metrics.observe(
+            self.endpoint,
+            status,
+            e2e_s=end - self.start,
+            ttft_s=None if self.first_batch is None else self.first_batch - self.start,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=sum(s.pipeline.completion_tokens for s in self.subs),
+            error_code=error_code,
+        )
+
+    def close_from_exit(self, exc: BaseException | None) -> None:
+        """Close from a context exit: a cancellation is the client going away (499)."""
+        if exc is None:
+            self.close(200)
+        elif _is_cancel(exc):
+            self.close(499, "client_disconnected")
+        else:
+            err = to_api_error(exc)
+            self.close(err.status, err.detail.code, exc)
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_cancel(e) for e in exc.exceptions)
+    return False

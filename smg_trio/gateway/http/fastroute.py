@@ -1,0 +1,179 @@
+"""The two inference routes served straight from ASGI, ahead of Quart's per-request machinery.
+
+``POST /v1/chat/completions`` and ``POST /v1/completions`` are where the gateway spends its
+per-request CPU, and Quart's request object, contexts, signals and URL routing cost about as
+much as the handler itself. :class:`InferenceRoutes` is a Quart ASGI middleware
+(``app.asgi_app = InferenceRoutes(app.asgi_app, ...)``) that serves exactly those two routes
+with the same handlers and the same response sender (so the same bytes on the wire), and hands
+every other request to Quart unchanged. The structured-concurrency contract is quart-trio's: one
+nursery per request, a task that owns ``receive``, and a client disconnect (``http.disconnect``)
+cancels the handler, which ABORTs every engine request it started.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+from quart import Response
+from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
+
+from smg_trio.gateway.http.call import json_response
+from smg_trio.gateway.openai.errors import to_api_error
+from smg_trio.gateway.server.asgi_shield import Receive, Scope, Send
+
+__all__ = ["AsgiRequest", "InferenceRoutes"]
+
+ASGIApp = Callable[..., Awaitable[None]]
+#: A route: the request in, a Quart response out (errors already turned into responses).
+Handler = Callable[["AsgiRequest"], Awaitable[Response]]
+#: Sends a Quart response for ``scope`` (quart-trio's ``_send_response`` of the app's class).
+Sender = Callable[[Scope, Send, Response], Awaitable[None]]
+
+
+class _Headers(dict[str, str]):
+    """Request headers by lower-case name; the first value of a repeated header wins."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict.get(self, key.lower(), default)
+
+
+class AsgiRequest:
+    """What the inference handlers read of a request: ``headers``, ``content_type``,
+    ``mimetype`` and the body (``await get_data()``), as on a Quart request.
+
+    The body is received by the task that asks for it (no hand-off between tasks); after that
+    a watcher task in ``nursery`` owns ``receive`` and cancels ``on_disconnect`` when the
+    client goes away. ``get_data`` raises ``RequestEntityTooLarge`` (413) past ``max_body``
+    bytes (checked against ``Content-Length`` first) and ``RequestTimeout`` (408) when the
+    body takes longer than ``body_timeout_s`` seconds, like quart-trio.
+    """
+
+    __slots__ = (
+        "_body",
+        "_max_body",
+        "_nursery",
+        "_receive",
+        "_timeout",
+        "_too_large",
+        "content_type",
+        "headers",
+        "mimetype",
+    )
+
+    def __init__(
+        self,
+        scope: Scope,
+        receive: Receive,
+        nursery: trio.Nursery,
+        *,
+        max_body: int | None,
+        body_timeout_s: float | None,
+    ) -> None:
+        headers = _Headers()
+        for name, value in scope["headers"]:
+            key = name.decode("latin-1").lower()
+            if key not in headers:
+                headers[key] = value.decode("latin-1")
+        self.headers = headers
+        self.content_type: str | None = headers.get("content-type")
+        self.mimetype = (self.content_type or "").partition(";")[0].strip().lower()
+        self._receive = receive
+        self._nursery = nursery
+        self._body: bytes | None = None
+        self._max_body = max_body
+        self._timeout = body_timeout_s
+        self._too_large = False
+        length = headers.get("content-length")
+        if max_body is not None and length is not None and length.isdigit():
+            self._too_large = int(length) > max_body
+
+    async def get_data(self, cache: bool = False) -> bytes:
+        """The whole request body (``cache`` is accepted for Quart compatibility)."""
+        if self._too_large:
+            raise RequestEntityTooLarge()
+        if self._body is None:
+            timeout = math.inf if self._timeout is None else self._timeout
+            with trio.move_on_after(timeout) as scope:
+                self._body = await self._read_body()
+            if scope.cancelled_caught:
+                raise RequestTimeout()
+            self._nursery.start_soon(self._watch_disconnect)
+        if self._too_large:
+            raise RequestEntityTooLarge()  # answered at once; hypercorn closes the connection
+        assert self._body is not None
+        return self._body
+
+    async def _read_body(self) -> bytes:
+        chunks = bytearray()
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self._nursery.cancel_scope.cancel()
+                await trio.lowlevel.checkpoint()  # raises Cancelled
+            if message["type"] != "http.request":
+                continue
+            chunks += message.get("body", b"")
+            if self._max_body is not None and len(chunks) > self._max_body:
+                self._too_large = True
+                return b""
+            if not message.get("more_body", False):
+                return bytes(chunks)
+
+    async def _watch_disconnect(self) -> None:
+        """Own ``receive`` once the body is in: cancel the request when the client goes away
+        (hypercorn also sends ``http.disconnect`` once the response is complete)."""
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._nursery.cancel_scope.cancel()
+
+
+class InferenceRoutes:
+    """ASGI middleware: ``routes`` (``POST`` paths) are served here, the rest by ``app``.
+
+    ``send_response`` sends a handler's response (the app's own sender, so a stream body gets
+    the same direct-write treatment); an exception escaping a handler becomes the OpenAI error
+    envelope, as the app's error handler would.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        routes: dict[str, Handler],
+        send_response: Sender,
+        *,
+        max_body: int | None,
+        body_timeout_s: float | None,
+    ) -> None:
+        self.app = app
+        self._routes = routes
+        self._send_response = send_response
+        self._max_body = max_body
+        self._body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = self._routes.get(scope["path"])
+            if handler is not None:
+                await self._serve(handler, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    async def _serve(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
+        async with trio.open_nursery() as nursery:
+            request = AsgiRequest(
+                scope,
+                receive,
+                nursery,
+                max_body=self._max_body,
+                body_timeout_s=self._body_timeout_s,
+            )
+            try:
+                response = await handler(request)
+            except Exception as exc:
+                err = to_api_error(exc)
+                response = json_response(err.status, err.body(), headers=err.headers)
+            await self._send_response(scope, send, response)
+            nursery.cancel_scope.cancel()

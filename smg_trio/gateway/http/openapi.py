@@ -1,0 +1,227 @@
+"""``GET /openapi.json``: an OpenAPI 3.1 document built from the msgspec schemas and a route table."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import attrs
+import msgspec
+
+from smg_trio.gateway.openai.errors import ErrorBody
+from smg_trio.gateway.openai.schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+)
+
+__all__ = ["OPERATIONS", "Operation", "openapi_document"]
+
+#: Who may call an operation: ``api`` needs ``--api-key`` when one is set, ``admin`` needs
+#: ``--admin-api-key`` (or the ``--api-key`` when no admin key is set), ``public`` is open.
+Auth = Literal["api", "admin", "public"]
+
+_REF = "#/components/schemas/{name}"
+_JSON = "application/json"
+_SSE = "text/event-stream"
+_TEXT = "text/plain"
+_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@attrs.frozen
+class Operation:
+    """One documented route. ``request``/``response`` are msgspec types (``None``: no body, or
+    a free-form JSON object). ``path`` uses OpenAPI's ``{param}``; each ``{param}`` is a string.
+    ``stream``: ``"stream": true`` answers ``text/event-stream``. ``errors``: the documented
+    error statuses (each an OpenAI error envelope)."""
+
+    method: Literal["get", "post", "delete"]
+    path: str
+    operation_id: str
+    summary: str
+    auth: Auth
+    tag: str
+    request: type | None = None
+    response: type | None = None
+    response_type: str = _JSON
+    stream: bool = False
+    query: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+
+_INFERENCE_ERRORS = ("400", "401", "404", "413", "415", "429", "500", "503", "504")
+
+#: The documented API. A new route (Responses, Messages, tokenize...) adds a row here, with
+#: its msgspec request and response types.
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "post",
+        "/v1/chat/completions",
+        "createChatCompletion",
+        "Chat completion (OpenAI); streams SSE with stream=true",
+        "api",
+        "openai",
+        request=ChatCompletionRequest,
+        response=ChatCompletion,
+        stream=True,
+        errors=_INFERENCE_ERRORS,
+    ),
+    Operation(
+        "post",
+        "/v1/completions",
+        "createCompletion",
+        "Text completion (OpenAI legacy); streams SSE with stream=true",
+        "api",
+        "openai",
+        request=CompletionRequest,
+        response=Completion,
+        stream=True,
+        errors=_INFERENCE_ERRORS,
+    ),
+    Operation(
+        "get", "/v1/models", "listModels", "The served models", "api", "openai", response=ModelList
+    ),
+    Operation(
+        "get",
+        "/v1/models/{model_id}",
+        "retrieveModel",
+        "One served model",
+        "api",
+        "openai",
+        response=ModelCard,
+        errors=("401", "404"),
+    ),
+    Operation(
+        "get",
+        "/health",
+        "health",
+        "200 while an engine is alive, else 503",
+        "public",
+        "probes",
+        response_type=_TEXT,
+    ),
+    Operation(
+        "get",
+        "/liveness",
+        "liveness",
+        "200 while the process serves",
+        "public",
+        "probes",
+        response_type=_TEXT,
+    ),
+    Operation(
+        "get",
+        "/readiness",
+        "readiness",
+        "200 when a worker and its tokenizer are ready and the gateway is not draining, else 503",
+        "public",
+        "probes",
+    ),
+    Operation(
+        "get",
+        "/metrics",
+        "metrics",
+        "Prometheus metrics",
+        "public",
+        "probes",
+        response_type=_TEXT,
+    ),
+    Operation("get", "/openapi.json", "openapi", "This document", "public", "probes"),
+)
+
+_SECURITY = {"api": "apiKey", "admin": "adminKey"}
+
+
+def _path_params(path: str) -> list[str]:
+    return [part[1:-1] for part in path.split("/") if part.startswith("{") and part.endswith("}")]
+
+
+def _content(media: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {media: {"schema": schema}}
+
+
+def _operation(op: Operation, schemas: dict[type, dict[str, Any]]) -> dict[str, Any]:
+    ok_schema = schemas[op.response] if op.response is not None else _OBJECT
+    if op.response_type != _JSON:
+        ok_schema = {"type": "string"}
+    ok_content = _content(op.response_type, ok_schema)
+    if op.stream:
+        ok_content |= _content(_SSE, {"type": "string"})
+    status = "202" if op.operation_id == "addWorker" else "200"
+    responses: dict[str, Any] = {status: {"description": "success", "content": ok_content}}
+    error = {
+        "description": "an OpenAI error envelope",
+        "content": _content(_JSON, schemas[ErrorBody]),
+    }
+    for code in op.errors:
+        responses[code] = error
+    if op.auth != "public" and "401" not in responses:
+        responses["401"] = error
+    responses["4XX"] = error  # any other client error: still the envelope
+    doc: dict[str, Any] = {
+        "operationId": op.operation_id,
+        "summary": op.summary,
+        "tags": [op.tag],
+        "security": [{_SECURITY[op.auth]: []}] if op.auth != "public" else [],
+        "responses": responses,
+    }
+    params = [
+        {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+        for p in _path_params(op.path)
+    ] + [
+        {"name": q, "in": "query", "required": False, "schema": {"type": "string"}}
+        for q in op.query
+    ]
+    if params:
+        doc["parameters"] = params
+    if op.request is not None:
+        doc["requestBody"] = {"required": True, "content": _content(_JSON, schemas[op.request])}
+    return doc
+
+
+def openapi_document(
+    operations: Sequence[Operation] = OPERATIONS, *, version: str = "0", extra: Iterable[type] = ()
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``operations``; ``extra``: more msgspec types to publish in
+    ``components.schemas``. Security applies only when the gateway runs with the matching key
+    (``--api-key``, ``--admin-api-key``)."""
+    types: list[type] = [ErrorBody]
+    for op in operations:
+        types += [t for t in (op.request, op.response) if t is not None]
+    types += list(extra)
+    unique = list(dict.fromkeys(types))
+    refs, components = msgspec.json.schema_components(unique, ref_template=_REF)
+    schemas = dict(zip(unique, refs, strict=True))
+    paths: dict[str, dict[str, Any]] = {}
+    for op in operations:
+        paths.setdefault(op.path, {})[op.method] = _operation(op, schemas)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "smg_trio",
+            "version": version,
+            "description": "An OpenAI-compatible gateway. Errors are OpenAI envelopes "
+            '{"error": {"message", "type", "param", "code"}}. The keys apply only when the '
+            "gateway is started with --api-key / --admin-api-key; without --admin-api-key the "
+            "--api-key also guards the admin routes.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "--api-key: inference and model routes",
+                },
+                "adminKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "--admin-api-key (default: the --api-key): /workers, /get_loads",
+                },
+            },
+        },
+    }

@@ -1,0 +1,139 @@
+"""n>1 fan-out: sub-request ids and seeds, and driving sub-requests inside one nursery.
+
+Every sub-request is its own ``async with client.generate(...)`` block, so leaving the block
+early (a gateway-side stop, an error elsewhere, a client disconnect cancelling the nursery)
+sends ABORT for exactly that sub-request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+import trio
+
+from smg_trio.connector.client import EngineClient
+from smg_trio.connector.stream import RequestStream
+from smg_trio.errors import RequestStreamClosed
+from smg_trio.gateway.openai.errors import EngineRequestFailed
+from smg_trio.gateway.openai.schemas import Usage
+from smg_trio.gateway.openai.textgen import ChoicePipeline, TextDelta
+from smg_trio.protocol.types import EngineOutput, GenerateRequest
+
+__all__ = [
+    "usage_of",
+    "take_outputs",
+    "SEED_MODULUS",
+    "SubRequest",
+    "derive_seed",
+    "drive",
+    "run_all",
+    "sub_request_id",
+    "unwrap_group",
+]
+
+#: Seeds are accepted in ``[0, SEED_MODULUS)`` and derived modulo it: valid for TokenSpeed's
+#: u64 and vLLM's Python int alike, never negative, never overflowing.
+SEED_MODULUS = 2**63
+
+
+def derive_seed(seed: int | None, i: int) -> int | None:
+    """Sub ``i``'s seed: ``(seed + i) mod 2**63`` (vLLM's ``seed + index`` rule, wrapped
+    into the accepted range); ``None`` stays ``None`` (each sub is seeded by the engine)."""
+    return None if seed is None else (seed + i) % SEED_MODULUS
+
+
+def sub_request_id(base: str, index: int, total: int) -> str:
+    """``base`` for a single choice, else ``f"{base}-{index}"``."""
+    return base if total == 1 else f"{base}-{index}"
+
+
+@attrs.define(eq=False)
+class SubRequest:
+    """One choice: the engine request and its text pipeline."""
+
+    request: GenerateRequest
+    pipeline: ChoicePipeline
+
+
+#: Called with each sub-request's deltas, in order, from the task driving it.
+OnDelta = Callable[[SubRequest, TextDelta], None]
+#: Called once per engine batch before the batch is processed (TTFT bookkeeping).
+OnBatch = Callable[[], None]
+
+
+def take_outputs(stream: RequestStream) -> list[EngineOutput]:
+    """Every output pending on ``stream`` (possibly none); not a checkpoint. Raises
+    :class:`EngineRequestFailed` when the stream ended without a terminal output, and the
+    stream's own error (``EngineDeadError``...) when it failed."""
+    try:
+        return stream.receive_nowait()
+    except RequestStreamClosed:
+        raise EngineRequestFailed(
+            "the engine ended the request without finishing it", "engine_aborted"
+        ) from None
+
+
+async def drive(
+    client: EngineClient, sub: SubRequest, on_delta: OnDelta, on_batch: OnBatch
+) -> None:
+    """Run one sub-request to its finish. A stop string ends the block at once, so the
+    connector ABORTs the engine request; so does any exception or cancellation.
+
+    Raises :class:`EngineRequestFailed` (engine error/abort finish or an out-of-band end),
+    ``EngineDeadError``, and whatever ``client.generate`` raises before sending.
+    """
+    pipeline = sub.pipeline
+    async with client.generate(sub.request) as stream:
+        while not pipeline.done:
+            try:
+                outputs = await stream.receive_some()
+            except RequestStreamClosed:
+                raise EngineRequestFailed(
+                    "the engine ended the request without finishing it", "engine_aborted"
+                ) from None
+            if not outputs:
+                raise EngineRequestFailed(
+                    "the engine stream ended without a finish", "engine_aborted"
+                )
+            on_batch()
+            delta = pipeline.feed(outputs)
+            if delta is not None:
+                on_delta(sub, delta)
+            if pipeline.failure is not None:
+                raise pipeline.failure
+
+
+async def run_all(
+    client: EngineClient, subs: Sequence[SubRequest], on_delta: OnDelta, on_batch: OnBatch
+) -> None:
+    """Drive every sub-request to its finish: inline for one, else one nursery with a task
+    per sub. The first failure cancels (and so ABORTs) the others and is re-raised as
+    itself, not as an exception group."""
+    if len(subs) == 1:
+        await drive(client, subs[0], on_delta, on_batch)
+        return
+    try:
+        async with trio.open_nursery() as nursery:
+            for sub in subs:
+                nursery.start_soon(drive, client, sub, on_delta, on_batch)
+    except BaseExceptionGroup as group:
+        raise unwrap_group(group) from None
+
+
+def unwrap_group(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first non-``Cancelled`` leaf of ``group``; the group itself when it holds only
+    cancellations (so trio still sees its ``Cancelled``)."""
+    rest = group.subgroup(lambda e: not isinstance(e, trio.Cancelled))
+    if rest is None:
+        return group
+    leaf: BaseException = rest
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    return leaf
+
+
+def usage_of(prompt_tokens: int, subs: Sequence[SubRequest]) -> Usage:
+    """OpenAI ``usage``: the prompt counted once, completion tokens summed over the choices."""
+    completion = sum(s.pipeline.completion_tokens for s in subs)
+    return Usage(prompt_tokens, completion, prompt_tokens + completion)

@@ -1,0 +1,301 @@
+"""Per-choice text pipeline: engine token ticks in, text/reasoning/logprob deltas and usage out.
+
+Order per token: length guard, detokenize, stop strings (held back, never leaked), then the
+reasoning split. Streaming and non-streaming use the same pipeline, so the concatenated
+deltas always equal the non-streamed text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+
+from smg_trio.gateway.openai.errors import EngineRequestFailed, engine_failure
+from smg_trio.protocol.types import EngineOutput, TokenLogprobs
+from smg_trio.tokenizer import IncrementalDetokenizer, ReasoningParser, StopMatcher, Tokenizer
+
+__all__ = ["ChoiceCollector", "ChoiceParams", "ChoicePipeline", "LogprobRun", "TextDelta"]
+
+#: Prompt ids handed to the detokenizer as decode context (it uses at most 24).
+_PROMPT_CONTEXT = 24
+
+
+@attrs.frozen(kw_only=True)
+class ChoiceParams:
+    """What one choice's pipeline needs.
+
+    ``limit``: most completion tokens accepted (the request's ``max_tokens``, else the
+    remaining context); extra tokens from the engine are dropped and finish as ``length``.
+    ``hidden_stop_ids``: ids whose text is not shown when the engine stops on them (EOS and
+    stop token ids, vLLM's rule) unless ``include_stop_str_in_output``. ``stops`` are matched
+    only after ``min_tokens`` tokens. ``reasoning`` is ``(start_tag, end_tag, in_reasoning)``
+    or ``None``. ``logprobs``: whether to collect per-token logprobs.
+    """
+
+    limit: int
+    stops: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    hidden_stop_ids: frozenset[int] = frozenset()
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    reasoning: tuple[str, str, bool] | None = None
+    logprobs: bool = False
+
+
+class LogprobRun:
+    """Logprobs of consecutive generated positions: ``token_ids``/``logprobs`` are
+    ``[positions]``, ``top_ids``/``top_logprobs`` ``[positions][k]`` ranked candidates."""
+
+    __slots__ = ("logprobs", "token_ids", "top_ids", "top_logprobs")
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.logprobs: list[float | None] = []
+        self.top_ids: list[list[int]] = []
+        self.top_logprobs: list[list[float]] = []
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def extend(self, lp: TokenLogprobs | None, token_ids: Sequence[int], count: int) -> None:
+        """Append the first ``count`` positions of ``lp`` (``None`` logprobs when the engine
+        sent none for ``token_ids``)."""
+        if lp is None or len(lp.token_ids) < count:
+            self.token_ids.extend(token_ids[:count])
+            self.logprobs.extend([None] * count)
+            self.top_ids.extend([] for _ in range(count))
+            self.top_logprobs.extend([] for _ in range(count))
+            return
+        self.token_ids.extend(lp.token_ids[:count])
+        self.logprobs.extend(lp.logprobs[:count])
+        if lp.top_token_ids is not None and lp.top_logprobs is not None:
+            self.top_ids.extend(lp.top_token_ids[:count])
+            self.top_logprobs.extend(lp.top_logprobs[:count])
+        else:
+            self.top_ids.extend([] for _ in range(count))
+            self.top_logprobs.extend([] for _ in range(count))
+
+
+class TextDelta:
+    """What one feed produced for a choice: ``text`` (content), ``reasoning``, the
+    ``logprobs`` of the tokens this text covers, and ``finish_reason``/``stop_reason`` on the
+    last delta."""
+
+    __slots__ = ("finish_reason", "logprobs", "reasoning", "stop_reason", "text")
+
+    def __init__(
+        self,
+        text: str,
+        reasoning: str,
+        logprobs: LogprobRun | None,
+        finish_reason: str | None,
+        stop_reason: int | str | None,
+    ) -> None:
+        self.text = text
+        self.reasoning = reasoning
+        self.logprobs = logprobs
+        self.finish_reason = finish_reason
+        self.stop_reason = stop_reason
+
+
+class ChoicePipeline:
+    """One choice's state. Call :meth:`feed` with each batch of engine outputs (as
+    ``RequestStream.receive_some`` returns them) until :attr:`done`.
+
+    ``completion_tokens`` counts tokens up to and including the one that completed a stop
+    string (never past it, never above ``limit``). ``prompt_logprobs`` collects the engine's
+    prompt logprob runs. Raises :class:`EngineRequestFailed` for an ``error`` or ``abort``
+    finish.
+    """
+
+    __slots__ = (
+        "_detok",
+        "_include",
+        "_lp",
+        "_matcher",
+        "_params",
+        "_reasoning",
+        "completion_tokens",
+        "failure",
+        "finish_reason",
+        "gateway_stopped",
+        "index",
+        "prompt_logprobs",
+        "stop_reason",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        tokenizer: Tokenizer,
+        params: ChoiceParams,
+        prompt_ids: Sequence[int] = (),
+    ) -> None:
+        self.index = index
+        self._params = params
+        self._detok = IncrementalDetokenizer(
+            tokenizer,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+            prompt_ids=prompt_ids[-_PROMPT_CONTEXT:],
+        )
+        self._include = params.include_stop_str_in_output
+        self._matcher = (
+            StopMatcher(params.stops, include_stop_str_in_output=self._include)
+            if params.stops
+            else None
+        )
+        self._reasoning = (
+            None
+            if params.reasoning is None
+            else ReasoningParser(
+                params.reasoning[0], params.reasoning[1], in_reasoning=params.reasoning[2]
+            )
+        )
+        self._lp: LogprobRun | None = LogprobRun() if params.logprobs else None
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.gateway_stopped = False
+        #: An engine failure that arrived after text in the same :meth:`feed` call.
+        self.failure: EngineRequestFailed | None = None
+        self.prompt_logprobs: list[TokenLogprobs] = []
+
+    @property
+    def done(self) -> bool:
+        """True once the choice has its finish reason (from the engine or a stop string)."""
+        return self.finish_reason is not None
+
+    def feed(self, outputs: Sequence[EngineOutput]) -> TextDelta | None:
+        """Process engine outputs; return the delta to emit, or ``None`` when everything is
+        held back (a partial stop string or UTF-8 character). Outputs after the finish are
+        ignored.
+
+        Raises :class:`EngineRequestFailed` for an engine error or abort finish. When text
+        arrived before it in the same call, that text is returned first and the error is
+        left in :attr:`failure`: the caller sends the delta, then raises it."""
+        if self.failure is not None:
+            raise self.failure
+        parts: list[str] = []
+        for out in outputs:
+            if self.finish_reason is not None:
+                break
+            reason = out.finish_reason
+            if reason == "error" or reason == "abort":
+                failure = (
+                    engine_failure(out.error)
+                    if reason == "error"
+                    else EngineRequestFailed("the engine aborted the request", "engine_aborted")
+                )
+                if not parts:
+                    raise failure
+                self.failure = failure  # the text before it goes out first
+                break
+            if out.prompt_logprobs is not None:
+                self.prompt_logprobs.append(out.prompt_logprobs)
+            if out.new_token_ids:
+                self._consume(out, parts)
+            if self.finish_reason is None and reason is not None:
+                self.finish_reason = reason
+                self.stop_reason = out.stop_reason
+        return self._emit(parts)
+
+    def _consume(self, out: EngineOutput, parts: list[str]) -> None:
+        toks = out.new_token_ids
+        room = self._params.limit - self.completion_tokens
+        forced = len(toks) > room
+        if forced:
+            toks = toks[:room]
+        hide = (
+            not forced
+            and out.finish_reason == "stop"
+            and bool(toks)
+            and not self._include
+            and toks[-1] in self._params.hidden_stop_ids
+        )
+        visible = toks[:-1] if hide else toks
+        matcher = self._matcher
+        detok = self._detok
+        consumed = len(toks)
+        if matcher is None:
+            parts.append(detok.push(visible))
+        else:
+            base = self.completion_tokens
+            min_tokens = self._params.min_tokens
+            for j, tok in enumerate(visible):
+                piece = detok.push((tok,))
+                if base + j + 1 <= min_tokens:
+                    parts.append(piece)
+                    continue
+                emitted, matched = matcher.push(piece)
+                parts.append(emitted)
+                if matched is not None:
+                    consumed = j + 1
+                    self.finish_reason = "stop"
+                    self.stop_reason = matched
+                    self.gateway_stopped = True
+                    break
+        self.completion_tokens += consumed
+        if self._lp is not None and consumed:
+            self._lp.extend(out.logprobs, toks, consumed)
+        if forced and self.finish_reason is None:
+            self.finish_reason = "length"
+
+    def _emit(self, parts: list[str]) -> TextDelta | None:
+        if self.finish_reason is not None and not self.gateway_stopped:
+            tail = self._detok.flush()
+            if self._matcher is not None:
+                emitted, matched = self._matcher.push(tail)
+                parts.append(emitted)
+                if matched is not None:
+                    self.finish_reason = "stop"
+                    self.stop_reason = matched
+                    self.gateway_stopped = True
+                else:
+                    parts.append(self._matcher.flush())
+            else:
+                parts.append(tail)
+        text = "".join(parts)
+        reasoning = ""
+        if self._reasoning is not None:
+            reasoning, text = self._reasoning.push(text) if text else ("", "")
+            if self.finish_reason is not None:
+                r2, c2 = self._reasoning.flush()
+                reasoning += r2
+                text += c2
+        finish = self.finish_reason
+        if not text and not reasoning and finish is None:
+            return None
+        lp = self._lp
+        if lp is not None:
+            self._lp = LogprobRun()
+        return TextDelta(text, reasoning, lp, finish, self.stop_reason if finish else None)
+
+
+class ChoiceCollector:
+    """Accumulates the deltas of ``n`` choices (non-streaming); ``on_delta`` is the
+    ``fanout`` callback, choices are addressed by their pipeline ``index``."""
+
+    __slots__ = ("logprobs", "reasoning", "text")
+
+    def __init__(self, n: int) -> None:
+        self.text: list[list[str]] = [[] for _ in range(n)]
+        self.reasoning: list[list[str]] = [[] for _ in range(n)]
+        self.logprobs: list[list[LogprobRun]] = [[] for _ in range(n)]
+
+    def on_delta(self, sub: _HasPipeline, delta: TextDelta) -> None:
+        i = sub.pipeline.index
+        if delta.text:
+            self.text[i].append(delta.text)
+        if delta.reasoning:
+            self.reasoning[i].append(delta.reasoning)
+        if delta.logprobs is not None and len(delta.logprobs):
+            self.logprobs[i].append(delta.logprobs)
+
+
+class _HasPipeline(Protocol):
+    @property
+    def pipeline(self) -> ChoicePipeline: ...

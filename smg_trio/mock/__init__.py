@@ -1,0 +1,1 @@
+"""The built-in mock engine (``serve --backend mock``) and the tiny model it serves."""

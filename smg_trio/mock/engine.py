@@ -1,0 +1,604 @@
+"""A mock inference engine that dials a gateway over real ZMQ, speaking vLLM or TokenSpeed.
+
+It simulates continuous batching (one token per active request per step), honours
+max_tokens / stop_token_ids / EOS / ignore_eos, returns logprobs in the real wire shapes,
+attaches load, and can be scripted to misbehave (stall, die, send garbage, fail requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import signal
+import sys
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import attrs
+import msgspec
+import numpy as np
+import trio
+
+from smg_trio.codec.msgpack import decode, encoder
+from smg_trio.codec.tensor import encode_tensor_inline
+from smg_trio.protocol import tokenspeed as ts
+from smg_trio.protocol import vllm
+from smg_trio.protocol.handshake import EngineCoreReadyResponse, encode_ready_response
+from smg_trio.transport.engine_side import EngineSockets, dial_frontend
+
+__all__ = ["MockEngine", "MockEngineConfig", "MockRequest", "Plan", "main", "run_until_signal"]
+
+log = logging.getLogger(__name__)
+
+ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+#: Tensors at or above this size go in aux frames, as vLLM's encoder does
+#: (``VLLM_MSGPACK_ZERO_COPY_THRESHOLD``).
+_AUX_THRESHOLD_BYTES = 256
+
+
+@attrs.define
+class MockRequest:
+    """What the mock understood of one ADD (engine-neutral), plus its progress."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    min_tokens: int
+    stop_token_ids: set[int]
+    eos_token_id: int | None
+    ignore_eos: bool
+    seed: int | None
+    temperature: float
+    logprobs: int | None
+    n: int
+    raw: Any
+    generated: list[int] = attrs.field(factory=list)
+    steps: list[list[int]] | None = None
+    arrival_step: int = 0
+    error: vllm.RequestError | None = None
+
+
+#: A scripted plan: the token ids to emit per step for a request (each inner list is one step).
+Plan = Callable[[MockRequest], Sequence[Sequence[int]]]
+
+
+@attrs.define
+class MockEngineConfig:
+    """Mock behaviour. ``step_s`` is the engine step period in seconds; ``eos_token_id`` is the
+    engine's own EOS (TokenSpeed stops on it itself; vLLM only on ``_eos_token_id``)."""
+
+    protocol: Literal["vllm", "tokenspeed"] = "vllm"
+    engine_index: int = 0
+    step_s: float = 0.002
+    vocab_size: int = 1024
+    token_range: tuple[int, int] = (3, 1000)
+    eos_token_id: int | None = None
+    eos_after: int | None = None
+    max_model_len: int = 4096
+    default_max_tokens: int = 16
+    data_parallel_size: int = 1
+    stats: bool = True
+    load_columns: bool = True
+    register_before_ready: bool | None = None
+    plan: Plan | None = None
+    reject: Callable[[MockRequest], bool] | None = None
+    #: True finishes the request with ERROR; a ``RequestError`` also sends it (vLLM 0.33).
+    error_finish: Callable[[MockRequest], bool | vllm.RequestError] | None = None
+
+
+class MockEngine:
+    """A mock engine rank. Start with ``await nursery.start(engine.run)``; it returns once the
+    handshake and registration are done. Inspect ``requests``, ``aborts``, ``active``,
+    ``waves``; inject faults with :meth:`stall`, :meth:`resume`, :meth:`die_with_sentinel`,
+    :meth:`die_silently`, :meth:`send_garbage`.
+    """
+
+    def __init__(self, handshake_address: str, config: MockEngineConfig | None = None) -> None:
+        self.handshake_address = handshake_address
+        self.config = config or MockEngineConfig()
+        self.requests: list[MockRequest] = []
+        self.aborts: list[str] = []
+        self.waves: list[tuple[int, int | None]] = []
+        self.active: dict[str, MockRequest] = {}
+        self.finished: list[str] = []
+        self.request_event = trio.Event()
+        self.abort_event = trio.Event()
+        self._wake = trio.Event()
+        self._stalled = False
+        self._resume = trio.Event()
+        self._sockets: EngineSockets | None = None
+        self._cancel: trio.CancelScope | None = None
+        self._step = 0
+        self._current_wave = 0
+        self._last_idle_sent = True
+        self._garbage = 0
+        # The step loop, the input loop (TokenSpeed abort replies) and die_with_sentinel all
+        # send on the one PUSH socket: one sender at a time (the adapter's single-owner rule).
+        self._out_lock = trio.StrictFIFOLock()
+        self.dead = trio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def registration(self) -> bytes:
+        """The registration map this mock sends (realistic keys for its protocol)."""
+        cfg = self.config
+        vllm_like = cfg.protocol == "vllm"
+        resp = EngineCoreReadyResponse(
+            max_model_len=cfg.max_model_len,
+            num_gpu_blocks=8192,
+            dtype="float32",
+            vllm_version="0.32.0" if vllm_like else "tokenspeed-0.1.1",
+            world_size=1,
+            data_parallel_size=cfg.data_parallel_size,
+            block_size=128 if vllm_like else None,
+            prefix_granularity=None if vllm_like else 64,
+            tensor_parallel_size=1,
+            pipeline_parallel_size=1,
+            decode_context_parallel_size=1,
+            data_parallel_rank=cfg.engine_index,
+            max_num_seqs=128,
+            max_num_batched_tokens=2048,
+            instance_id=f"mock-{cfg.protocol}-{cfg.engine_index}",
+            kv_cache_size_tokens=1048576,
+            kv_cache_max_concurrency=1024.0,
+        )
+        extra: dict[str, Any] = (
+            {"supports_lora": False, "max_loras": 0, "mamba_block_size": None}
+            if vllm_like
+            else {"multimodal_encoder_dtype": None}
+        )
+        return encode_ready_response(resp, **extra)
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[MockEngine] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Dial the gateway, handshake, then serve until cancelled or killed by a fault."""
+        cfg = self.config
+        vllm_like = cfg.protocol == "vllm"
+        before = cfg.register_before_ready if cfg.register_before_ready is not None else vllm_like
+        with trio.CancelScope() as cancel:
+            self._cancel = cancel
+            async with dial_frontend(
+                self.handshake_address,
+                engine_index=cfg.engine_index,
+                registration=self.registration(),
+                hello_local=not vllm_like,
+                with_hash_key=not vllm_like,
+                register_before_ready=before,
+            ) as sockets:
+                self._sockets = sockets
+                task_status.started(self)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._input_loop)
+                    nursery.start_soon(self._step_loop)
+        self.dead.set()
+
+    # -- faults --------------------------------------------------------------------------
+
+    def stall(self) -> None:
+        """Stop stepping: no outputs until :meth:`resume` (an alive-but-hung engine)."""
+        self._stalled = True
+        self._resume = trio.Event()
+
+    def resume(self) -> None:
+        """Undo :meth:`stall`."""
+        self._stalled = False
+        self._resume.set()
+
+    async def die_with_sentinel(self) -> None:
+        """Send ``ENGINE_CORE_DEAD`` and stop, as vLLM does on a fatal error."""
+        await self._push([ENGINE_CORE_DEAD])
+        self.die_silently()
+
+    def die_silently(self) -> None:
+        """Stop at once with no sentinel (a hard-killed engine)."""
+        if self._cancel is not None:
+            self._cancel.cancel()
+
+    def send_garbage(self, count: int = 1) -> None:
+        """Send ``count`` undecodable output messages on the next steps."""
+        self._garbage += count
+        self._wake.set()
+
+    # -- input ---------------------------------------------------------------------------
+
+    async def _input_loop(self) -> None:
+        assert self._sockets is not None
+        sock = self._sockets.input
+        while True:
+            frames = await sock.recv_multipart()
+            if len(frames) < 2:
+                log.warning("mock: dropping short input message")
+                continue
+            kind, payload = frames[0], frames[1]
+            if kind == b"\x00":
+                req = self._parse_add(payload)
+                if req is not None:
+                    self._admit(req)
+            elif kind == b"\x01":
+                for rid in decode(payload, list[str]):
+                    self.aborts.append(rid)
+                    req = self.active.pop(rid, None)
+                    if req is not None and self.config.protocol == "tokenspeed":
+                        await self._send_ts([(req, [], "abort")])
+                self.abort_event.set()
+                self.abort_event = trio.Event()
+            elif kind == b"\x02" and self.config.protocol == "vllm":
+                wave, exclude = decode(payload, tuple[int, int | None])
+                self.waves.append((wave, exclude))
+                if exclude != self.config.engine_index and wave >= self._current_wave:
+                    self._current_wave = wave
+            else:
+                log.warning("mock: ignoring request type %r", kind)
+
+    def _parse_add(self, payload: bytes) -> MockRequest | None:
+        cfg = self.config
+        if cfg.protocol == "vllm":
+            r = decode(payload, vllm.EngineCoreRequest)
+            sp = r.sampling_params or {}
+            stops = set(sp.get("stop_token_ids") or [])
+            eos = sp.get("_eos_token_id")
+            return MockRequest(
+                request_id=r.request_id,
+                prompt_token_ids=list(r.prompt_token_ids or []),
+                max_tokens=int(sp.get("max_tokens", 16)),
+                min_tokens=int(sp.get("min_tokens", 0)),
+                stop_token_ids=stops,
+                eos_token_id=eos,
+                ignore_eos=eos is None,
+                seed=sp.get("seed"),
+                temperature=float(sp.get("temperature", 1.0)),
+                logprobs=sp.get("logprobs"),
+                n=1,
+                raw=r,
+            )
+        t = msgspec.msgpack.decode(payload, type=ts.TokenizedGenerateReqInput)
+        p = t.sampling_params
+        return MockRequest(
+            request_id=str(t.rid),
+            prompt_token_ids=list(t.input_ids or []),
+            max_tokens=cfg.default_max_tokens if p.max_new_tokens is None else p.max_new_tokens,
+            min_tokens=p.min_new_tokens,
+            stop_token_ids=set(p.stop_token_ids or []),
+            eos_token_id=cfg.eos_token_id,
+            ignore_eos=p.ignore_eos,
+            seed=p.seed,
+            temperature=0.0 if p.top_k == 1 else p.temperature,
+            logprobs=0 if t.return_logprob else None,
+            n=p.n,
+            raw=t,
+        )
+
+    def _admit(self, req: MockRequest) -> None:
+        self.requests.append(req)
+        req.arrival_step = self._step
+        if self.config.plan is not None:
+            req.steps = [list(s) for s in self.config.plan(req)]
+        self.active[req.request_id] = req
+        self.request_event.set()
+        self.request_event = trio.Event()
+        self._wake.set()
+
+    # -- stepping ------------------------------------------------------------------------
+
+    def _rng(self, req: MockRequest) -> random.Random:
+        if req.seed is not None:
+            key = req.seed
+        elif req.temperature <= 1e-6:
+            key = zlib.crc32(np.asarray(req.prompt_token_ids, dtype=np.int64).tobytes())
+        else:
+            key = zlib.crc32(req.request_id.encode())
+        return random.Random(key * 1_000_003 + len(req.generated))
+
+    def _next_tokens(self, req: MockRequest) -> list[int]:
+        cfg = self.config
+        if req.steps is not None:
+            idx = self._step - req.arrival_step - 1
+            return list(req.steps[idx]) if 0 <= idx < len(req.steps) else []
+        if (
+            cfg.eos_after is not None
+            and cfg.eos_token_id is not None
+            and len(req.generated) == cfg.eos_after
+        ):
+            return [cfg.eos_token_id]
+        lo, hi = cfg.token_range
+        return [self._rng(req).randrange(lo, hi)]
+
+    def _advance(self, req: MockRequest) -> tuple[list[int], str | None, int | None]:
+        """Emit this step's tokens for ``req`` applying vLLM's check_stop order: min_tokens
+        gate, EOS, stop_token_ids, then length."""
+        out: list[int] = []
+        planned = self._next_tokens(req)
+        if (
+            req.steps is not None
+            and not planned
+            and self._step - req.arrival_step - 1 >= len(req.steps)
+        ):
+            return out, "stop", None
+        for tok in planned:
+            out.append(tok)
+            req.generated.append(tok)
+            n = len(req.generated)
+            if n > req.min_tokens:
+                if not req.ignore_eos and req.eos_token_id is not None and tok == req.eos_token_id:
+                    return out, "stop", None
+                if tok in req.stop_token_ids:
+                    return out, "stop", tok
+            if n >= req.max_tokens:
+                return out, "length", None
+        return out, None, None
+
+    async def _step_loop(self) -> None:
+        cfg = self.config
+        while True:
+            if self._stalled:
+                await self._resume.wait()
+            if not self.active and self._garbage == 0:
+                if not self._last_idle_sent:
+                    await self._send_idle()
+                    self._last_idle_sent = True
+                await self._wake.wait()
+                self._wake = trio.Event()
+                continue
+            await trio.sleep(cfg.step_s)
+            if self._stalled:
+                continue
+            if self._garbage:
+                self._garbage -= 1
+                await self._push([b"\xc1\xc1garbage"])
+                continue
+            self._step += 1
+            results: list[tuple[MockRequest, list[int], str | None, int | None]] = []
+            for req in list(self.active.values()):
+                if (cfg.reject is not None and cfg.reject(req)) or req.n != 1:
+                    results.append((req, [], "reject", None))
+                    continue
+                verdict = False if cfg.error_finish is None else cfg.error_finish(req)
+                if verdict:
+                    if isinstance(verdict, vllm.RequestError):
+                        req.error = verdict
+                    results.append((req, [], "error", None))
+                    continue
+                toks, reason, stop = self._advance(req)
+                results.append((req, toks, reason, stop))
+            for req, _, reason, _ in results:
+                if reason is not None:
+                    self.active.pop(req.request_id, None)
+                    self.finished.append(req.request_id)
+            self._last_idle_sent = False
+            if cfg.protocol == "vllm":
+                await self._send_vllm(results)
+            else:
+                await self._send_ts(
+                    [(r, t, "abort" if f == "reject" else f) for r, t, f, _ in results]
+                )
+
+    # -- output encoding -----------------------------------------------------------------
+
+    async def _push(self, frames: list[bytes]) -> None:
+        assert self._sockets is not None
+        async with self._out_lock:
+            await self._sockets.output.send_multipart(frames)
+
+    def _stats(self) -> dict[str, Any] | None:
+        if not self.config.stats:
+            return None
+        running = len(self.active)
+        return {
+            "num_running_reqs": running,
+            "num_waiting_reqs": 0,
+            "num_skipped_waiting_reqs": 0,
+            "step_counter": self._step,
+            "current_wave": self._current_wave,
+            "kv_cache_usage": min(1.0, running / 128),
+            "prefix_cache_stats": {
+                "reset": False,
+                "requests": 0,
+                "queries": 0,
+                "hits": 0,
+                "preempted_requests": 0,
+                "preempted_queries": 0,
+                "preempted_hits": 0,
+            },
+            "connector_prefix_cache_stats": None,
+            "kv_cache_eviction_events": [],
+            "spec_decoding_stats": None,
+            "kv_connector_stats": None,
+            "cudagraph_stats": None,
+            "perf_stats": None,
+        }
+
+    def _logprobs(self, req: MockRequest, toks: list[int], aux: list[bytes]) -> list[Any] | None:
+        if req.logprobs is None or not toks:
+            return None
+        k = req.logprobs
+        rows = len(toks)
+        ids = np.zeros((rows, k + 1), dtype=np.int32)
+        lps = np.zeros((rows, k + 1), dtype=np.float32)
+        ranks = np.ones(rows, dtype=np.int64)
+        lo, hi = self.config.token_range
+        for r, tok in enumerate(toks):
+            ids[r, 0] = tok
+            lps[r, 0] = -0.25 - 0.01 * (tok % 7)
+            for c in range(1, k + 1):
+                ids[r, c] = tok if c == 1 else lo + (tok + c) % (hi - lo)
+                lps[r, c] = lps[r, 0] - (c - 1) * 0.5
+        return [self._tensor(ids, aux), self._tensor(lps, aux), self._tensor(ranks, aux), None]
+
+    @staticmethod
+    def _tensor(arr: np.ndarray[Any, Any], aux: list[bytes]) -> list[Any]:
+        if arr.nbytes < _AUX_THRESHOLD_BYTES:
+            return encode_tensor_inline(arr)
+        aux.append(arr.tobytes())
+        return [arr.dtype.str, list(arr.shape), len(aux)]
+
+    async def _send_vllm(
+        self, results: Sequence[tuple[MockRequest, list[int], str | None, int | None]]
+    ) -> None:
+        assert self._sockets is not None
+        aux: list[bytes] = []
+        outs = []
+        codes = {"stop": 0, "length": 1, "abort": 2, "error": 3, "reject": 3}
+        finished: list[str] = []
+        for req, toks, reason, stop in results:
+            prefill = None
+            if len(req.generated) == len(toks) and reason != "reject":
+                prefill = vllm.PrefillStats(
+                    num_prompt_tokens=len(req.prompt_token_ids),
+                    num_computed_tokens=len(req.prompt_token_ids),
+                )
+            if reason in ("reject", "error"):
+                finished.append(req.request_id)
+            outs.append(
+                vllm.EngineCoreOutput(
+                    request_id=req.request_id,
+                    new_token_ids=toks,
+                    new_logprobs=self._logprobs(req, toks, aux),
+                    finish_reason=None if reason is None else codes[reason],
+                    stop_reason=stop,
+                    prefill_stats=prefill,
+                    error=req.error if reason == "error" else None,
+                )
+            )
+        env = vllm.EngineCoreOutputs(
+            engine_index=self.config.engine_index,
+            outputs=outs,
+            timestamp=trio.current_time(),
+            finished_requests=finished or None,
+        )
+        payload = bytearray(encoder.encode(env))
+        stats = self._stats()
+        if stats is not None:
+            # Re-encode with the full stats map (the decoder struct models only three keys).
+            arr = msgspec.msgpack.decode(bytes(payload))
+            arr[2] = stats
+            arr.append("default")  # vLLM 0.32's 9th element, weight_version
+            payload = bytearray(encoder.encode(arr))
+        await self._push([bytes(payload), *aux])
+
+    async def _send_idle(self) -> None:
+        assert self._sockets is not None
+        if self.config.protocol == "vllm":
+            await self._send_vllm([])
+            if self.config.data_parallel_size > 1:
+                env = vllm.EngineCoreOutputs(
+                    engine_index=self.config.engine_index, wave_complete=self._current_wave
+                )
+                await self._push([encoder.encode(env)])
+                self._current_wave += 1
+        elif self.config.load_columns:
+            await self._send_ts([])
+
+    async def _send_ts(self, results: Sequence[tuple[MockRequest, list[int], str | None]]) -> None:
+        assert self._sockets is not None
+        cfg = self.config
+        batch = ts.BatchTokenIDOutSlim(
+            rids=[r.request_id for r, _, _ in results],
+            output_ids=[t for _, t, _ in results],
+            finished_reasons=[f or "" for _, _, f in results],
+            prompt_tokens=[len(r.prompt_token_ids) for r, _, _ in results],
+            completion_tokens=[len(r.generated) for r, _, _ in results],
+            cached_tokens=[0 for _ in results],
+            output_token_logprobs_val=[
+                [-0.25 - 0.01 * (x % 7) for x in t] if r.logprobs is not None else []
+                for r, t, _ in results
+            ],
+            output_token_logprobs_idx=[
+                list(t) if r.logprobs is not None else [] for r, t, _ in results
+            ],
+            engine_index=cfg.engine_index,
+            num_running=len(self.active),
+            num_waiting=0,
+            kv_active_pages=len(self.active),
+            kv_total_pages=400 if cfg.load_columns else 0,
+        )
+        payload = encoder.encode(batch)
+        if not cfg.load_columns:
+            arr = msgspec.msgpack.decode(payload)
+            payload = encoder.encode(arr[:10])
+        await self._push([payload])
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m smg_trio mock-engine",
+        description="A mock vLLM/TokenSpeed engine rank that dials a gateway's handshake socket "
+        "and serves until SIGINT/SIGTERM.",
+    )
+    parser.add_argument(
+        "--handshake",
+        required=True,
+        metavar="tcp://HOST:PORT",
+        help="the gateway's handshake ROUTER address",
+    )
+    parser.add_argument("--protocol", choices=("vllm", "tokenspeed"), default="vllm")
+    parser.add_argument(
+        "--engine-index", type=int, default=0, help="DP rank index (the 2-byte identity)"
+    )
+    parser.add_argument(
+        "--step-ms", type=float, default=2.0, help="engine step period in ms (0 = flat out)"
+    )
+    parser.add_argument("--eos-token-id", type=int, default=None)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="reported data_parallel_size; > 1 makes a lockstep (wave) group for vLLM",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+    )
+    return parser
+
+
+async def run_until_signal(engine: MockEngine) -> None:
+    """Run ``engine`` until SIGINT/SIGTERM (or until it stops on its own)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    log.info("mock engine: %s, exiting", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(stop_on_signal)
+            await engine.run()
+            nursery.cancel_scope.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m smg_trio.mock.engine``: dial ``--handshake`` and serve until SIGINT or
+    SIGTERM; returns the exit status (0 on a signal)."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.step_ms < 0:
+        log.error("--step-ms must be >= 0")
+        return 2
+    config = MockEngineConfig(
+        protocol=args.protocol,
+        engine_index=args.engine_index,
+        step_s=args.step_ms / 1000.0,
+        eos_token_id=args.eos_token_id,
+        max_model_len=args.max_model_len,
+        data_parallel_size=args.data_parallel_size,
+    )
+    engine = MockEngine(args.handshake, config)
+    log.info("mock %s engine %d dialing %s", config.protocol, config.engine_index, args.handshake)
+    trio.run(run_until_signal, engine)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Shared test helpers (fixtures stay in the ``conftest.py`` files)."""
