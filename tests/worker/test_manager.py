@@ -265,6 +265,34 @@ async def test_hello_sent_before_the_death_is_noticed_is_answered(
                     assert worker.status == "ready"
 
 
+async def test_hostile_peer_racing_a_restart_does_not_keep_the_worker_down(
+    ns: IpcNamespace, model_dir: Path
+) -> None:
+    """Issue 18 finding 4: while the engine restarts, a local stranger with the engine's
+    identity says HELLO, sends garbage and HELLO again. The restarted engine must still be taken
+    back and serve, within seconds (it used to abort the handshake, and the worker stayed down
+    for minutes)."""
+    with trio.fail_after(DEADLINE_S):
+        async with open_manager() as (manager, nursery):
+            spec = make_spec(ns, "a", model_dir)
+            assert spec.zmq_handshake_address is not None
+            worker, engine = await serve_worker(manager, nursery, spec)
+            await engine.die_with_sentinel()
+            await wait_until(lambda: worker.status == "unhealthy")
+            async with open_raw_peer(spec.zmq_handshake_address, b"\x00\x00") as stranger:
+                await stranger.send(encode_status("HELLO"))
+                await stranger.recv()  # the gateway took the stranger's HELLO: it holds INIT
+                with trio.fail_after(10.0):  # seconds, not minutes
+                    await start_engine(nursery, spec)  # its HELLO is a duplicate
+                    for garbage in [b"\xc1", b"", encode_status("READY"), encode_status("HELLO")]:
+                        await stranger.send(garbage)
+                    await wait_until(lambda: worker.healthy)
+                    assert await one_request(manager, "m", "after") == worker.worker_id
+                await stranger.send(encode_status("HELLO"), b"more")  # after: still harmless
+            assert worker.status == "ready"
+            assert await one_request(manager, "m", "after-2") == worker.worker_id
+
+
 # -- add/remove races ----------------------------------------------------------------------
 
 
