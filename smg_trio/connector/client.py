@@ -24,7 +24,7 @@ from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.handshake import EngineCoreReadyResponse
 from smg_trio.protocol.types import EngineBatch, EngineLoad, EngineProtocol, GenerateRequest
 from smg_trio.transport.handshake import READY_TIMEOUT_S, EngineRegistration, run_handshake
-from smg_trio.transport.topology import BoundSockets, bind_worker_sockets
+from smg_trio.transport.topology import BoundSockets, HandshakeSocket, bind_worker_sockets
 
 __all__ = [
     "ABORT_SEND_TIMEOUT_S",
@@ -445,15 +445,18 @@ async def open_engine_client(
     engine_count: int = 1,
     ready_timeout_s: float = READY_TIMEOUT_S,
     silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
+    handshake: HandshakeSocket | None = None,
 ) -> AsyncIterator[EngineClient]:
     """Bind, handshake with ``engine_count`` engines, and yield a running :class:`EngineClient`.
 
     The client's nursery runs the output loop; leaving the block cancels it, fails remaining
     requests with ``ClientClosed`` and closes the sockets. ``ready_timeout_s`` bounds each
     handshake receive; ``silence_timeout_s`` is the in-flight silence watchdog (``math.inf``
-    disables it).
+    disables it). ``handshake`` is a handshake ROUTER the caller keeps bound across engine
+    lives (see :class:`~smg_trio.transport.topology.HandshakeSocket`); without it one is bound
+    here and closed on exit.
     """
-    async with bind_worker_sockets(addresses) as sockets:
+    async with bind_worker_sockets(addresses, handshake=handshake) as sockets:
         engines = await run_handshake(
             sockets, engine_count=engine_count, ready_timeout_s=ready_timeout_s
         )

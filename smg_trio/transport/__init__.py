@@ -13,7 +13,12 @@ from smg_trio.transport.sockdir import (
     ensure_ipc_socket_dir,
     unlink_stale_socket,
 )
-from smg_trio.transport.topology import BoundSockets, bind_worker_sockets
+from smg_trio.transport.topology import (
+    BoundSockets,
+    HandshakeSocket,
+    bind_handshake_socket,
+    bind_worker_sockets,
+)
 from smg_trio.transport.zsocket import Frame, ZmqSocket, zmq_context
 
 __all__ = [
@@ -23,8 +28,10 @@ __all__ = [
     "BoundSockets",
     "EngineRegistration",
     "EngineSockets",
+    "HandshakeSocket",
     "Frame",
     "ZmqSocket",
+    "bind_handshake_socket",
     "bind_worker_sockets",
     "check_ipc_path",
     "dial_frontend",

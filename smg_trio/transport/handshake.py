@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Final
 
 import attrs
@@ -23,7 +24,6 @@ from smg_trio.protocol.handshake import (
     encode_init,
 )
 from smg_trio.transport.topology import BoundSockets
-from smg_trio.transport.zsocket import ZmqSocket
 
 __all__ = ["READY_TIMEOUT_S", "EngineRegistration", "engine_index", "run_handshake"]
 
@@ -34,6 +34,14 @@ logger = logging.getLogger(__name__)
 #: on a big model that takes minutes. It is a per-message deadline, not a total: a handshake that
 #: keeps making progress never times out. Tests pass a small value.
 READY_TIMEOUT_S: Final = 600.0
+#: INIT is sent again this often (seconds) to an identity that said HELLO and has not
+#: registered yet: its first INIT may have gone to a stranger that held its identity then.
+INIT_RESEND_S: Final = 1.0
+#: Identities other than the expected ones (2-byte indices below ``engine_count``) tracked
+#: at most; HELLOs from more are dropped, so a flood of identities cannot grow the table.
+MAX_UNEXPECTED_PEERS: Final = 32
+#: Dropped handshake messages logged per handshake; the rest are only counted.
+IGNORED_LOG_LIMIT: Final = 10
 
 
 def engine_index(identity: bytes) -> int | None:
@@ -59,27 +67,226 @@ def _name(identity: bytes) -> str:
     return f"engine {index}" if index is not None else f"engine with identity {identity.hex()!r}"
 
 
-async def _recv_pair(sock: ZmqSocket, timeout_s: float, on_timeout: HandshakeError) -> list[bytes]:
-    """One receive under its own deadline; the message must be ``[identity, payload]``."""
-    # Safe to time out: recv_multipart is cancel-atomic, so no message is lost.
-    with trio.move_on_after(timeout_s):
-        frames = await sock.recv_multipart()
-        if len(frames) != 2:
-            raise UnexpectedHandshakeMessage(
-                f"expected a 2-frame [identity, payload] message, got {len(frames)} frames"
-                f" from {_name(frames[0])}"
+def _peer(frames: list[bytes]) -> str:
+    """Who sent ``frames`` (escaped: identities come from anyone who can reach the port)."""
+    return _name(frames[0][:32]) if frames else "an unknown peer"
+
+
+@attrs.define
+class _Peer:
+    """One identity that said HELLO: whether READY came for it, its registration once that
+    arrived on the input socket, and when INIT is next sent to it."""
+
+    ready: bool = False
+    registration: EngineCoreReadyResponse | None = None
+    next_init: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.ready and self.registration is not None
+
+
+@attrs.define
+class _Ignored:
+    """Rate-limited warnings for handshake messages that are dropped."""
+
+    count: int = 0
+
+    def __call__(self, what: str) -> None:
+        self.count += 1
+        if self.count <= IGNORED_LOG_LIMIT:
+            logger.warning("handshake: ignoring %s", what)
+            if self.count == IGNORED_LOG_LIMIT:
+                logger.warning("handshake: further ignored messages are counted, not logged")
+
+
+@attrs.define
+class _Driver:
+    """The state of one :func:`run_handshake` call, shared by its two reader tasks (the
+    handshake ROUTER's, which also sends every INIT, and the input ROUTER's)."""
+
+    sockets: BoundSockets
+    engine_count: int
+    init_payload: bytes
+    peers: dict[bytes, _Peer] = attrs.field(factory=dict)  # first-HELLO order
+    early: dict[bytes, bytes] = attrs.field(factory=dict)  # registrations read before HELLO
+    ignored: _Ignored = attrs.field(factory=_Ignored)
+    deadline: trio.CancelScope | None = None  # pushed back on every step of progress
+    timeout_s: float = READY_TIMEOUT_S
+    finished: trio.Event = attrs.field(factory=trio.Event)
+    fatal: HandshakeError | None = None
+
+    def _advance(self) -> None:
+        if self.deadline is not None:
+            self.deadline.deadline = trio.current_time() + self.timeout_s
+        if sum(p.done for p in self.peers.values()) >= self.engine_count:
+            self.finished.set()
+
+    # -- handshake ROUTER ----------------------------------------------------------------
+
+    async def handshake_loop(self) -> None:
+        sock = self.sockets.handshake
+        while True:
+            due = min(
+                (p.next_init for p in self.peers.values() if p.registration is None),
+                default=math.inf,
             )
-        return frames
-    raise on_timeout
+            frames = None
+            with trio.move_on_at(due):
+                frames = await sock.recv_multipart()
+            if frames is not None:
+                try:
+                    self._on_handshake(frames)
+                except HandshakeError as exc:
+                    self._fail(exc)
+                    return
+            now = trio.current_time()
+            for identity, peer in self.peers.items():
+                if peer.registration is None and peer.next_init <= now:
+                    self._send_init(identity, peer)
 
+    def _on_handshake(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            self.ignored(f"a {len(frames)}-frame message from {_peer(frames)}")
+            return
+        identity, payload = frames
+        try:
+            status = decode_status(payload).status
+        except DecodeError as exc:
+            self.ignored(f"an undecodable message from {_name(identity)}: {exc}")
+            return
+        peer = self.peers.get(identity)
+        if status == "HELLO":
+            self._on_hello(identity, peer)
+        elif status == "READY":
+            if peer is None:
+                self.ignored(f"READY from {_name(identity)}, which never said HELLO")
+            elif peer.ready:
+                self.ignored(f"a duplicate READY from {_name(identity)}")
+            else:
+                peer.ready = True
+                logger.info("handshake: READY from %s", _name(identity))
+                self._advance()
+        else:
+            shown = repr(status[:40]) if isinstance(status, str) else repr(status)
+            self.ignored(f"unexpected handshake status {shown} from {_name(identity)}")
 
-def _status(identity: bytes, payload: bytes) -> str | None:
-    try:
-        return decode_status(payload).status
-    except DecodeError as exc:
-        raise UnexpectedHandshakeMessage(
-            f"undecodable handshake message from {_name(identity)}: {exc}"
-        ) from exc
+    def _on_hello(self, identity: bytes, peer: _Peer | None) -> None:
+        if peer is not None and peer.done:
+            self.ignored(f"HELLO from {_name(identity)}, which already completed its handshake")
+            return
+        if peer is None:
+            index = engine_index(identity)
+            expected = index is not None and index < self.engine_count
+            if not expected and len(self.peers) >= self.engine_count + MAX_UNEXPECTED_PEERS:
+                self.ignored(f"HELLO from {_name(identity)}: too many identities said HELLO")
+                return
+            peer = self.peers[identity] = _Peer()
+            logger.info("handshake: HELLO from %s; sending INIT", _name(identity))
+            self._advance()
+            early = self.early.pop(identity, None)
+            if early is not None:
+                self._register(identity, peer, early)
+                if peer.registration is not None:
+                    return  # registered: it has its INIT
+        else:
+            # The same identity again: a restarted engine, or a stranger using its identity.
+            # Answer again; the one that registers on the input socket (which only local
+            # engines can reach) is the engine. READY (which proves nothing: anyone can send
+            # it) is kept, so a stranger's late HELLO cannot undo the real engine's READY.
+            logger.info("handshake: HELLO again from %s; sending INIT again", _name(identity))
+        self._send_init(identity, peer)
+
+    def _send_init(self, identity: bytes, peer: _Peer) -> None:
+        """Send INIT without waiting; resent every ``INIT_RESEND_S`` until the identity
+        registers. libzmq routes it to whichever connection holds the identity *now*
+        (``ROUTER_HANDOVER``), so an engine whose connection a stranger took over for a while
+        still gets its INIT once it is back. A second INIT is harmless: engines read one."""
+        peer.next_init = trio.current_time() + INIT_RESEND_S
+        try:
+            sent = self.sockets.handshake.send_multipart_nowait([identity, self.init_payload])
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: that identity is not connected (now)
+            logger.debug("handshake: INIT to %s not sent: %s", _name(identity), exc.strerror)
+            return
+        if not sent:
+            logger.debug("handshake: INIT to %s not sent: its queue is full", _name(identity))
+
+    # -- input ROUTER --------------------------------------------------------------------
+
+    async def input_loop(self) -> None:
+        sock = self.sockets.input
+        while True:
+            frames = await sock.recv_multipart()
+            try:
+                self._on_registration(frames)
+            except HandshakeError as exc:
+                self._fail(exc)
+                return
+
+    def _fail(self, exc: HandshakeError) -> None:
+        self.fatal = exc
+        self.finished.set()
+
+    def _on_registration(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            self.ignored(f"a {len(frames)}-frame input registration from {_peer(frames)}")
+            return
+        identity, payload = frames
+        peer = self.peers.get(identity)
+        if peer is None:
+            # Its HELLO may still be unread on the other socket (no cross-socket ordering).
+            if (
+                identity in self.early
+                or len(self.early) >= self.engine_count + MAX_UNEXPECTED_PEERS
+            ):
+                self.ignored(f"input registration from {_name(identity)}, which did not handshake")
+            else:
+                self.early[identity] = payload
+            return
+        self._register(identity, peer, payload)
+
+    def _register(self, identity: bytes, peer: _Peer, payload: bytes) -> None:
+        if peer.registration is not None:
+            self.ignored(f"a duplicate input registration from {_name(identity)}")
+            return
+        # Only a local engine can reach the input socket (an ipc path in a private directory),
+        # so what arrives here is the real engine: an incompatible one fails loudly.
+        if not payload:
+            raise UnexpectedHandshakeMessage(
+                f"empty input registration from {_name(identity)}: this engine version is too"
+                " old for the ZMQ backend (it must send an EngineCoreReadyResponse)"
+            )
+        try:
+            peer.registration = decode_ready_response(payload)
+        except DecodeError as exc:
+            raise UnexpectedHandshakeMessage(
+                f"undecodable input registration from {_name(identity)}: {exc}"
+            ) from exc
+        logger.info("handshake: %s registered on the input socket", _name(identity))
+        self._advance()
+
+    # -- the deadline --------------------------------------------------------------------
+
+    def timeout_error(self, timeout_s: float) -> HandshakeError:
+        """The error for ``timeout_s`` without progress, naming the stage reached."""
+        peers = self.peers
+        n = self.engine_count
+        if len(peers) < n:
+            return HandshakeTimeout(
+                f"startup handshake timed out while waiting for HELLO after {timeout_s} s"
+                f" ({len(peers)} of {n} engine(s) said HELLO)"
+            )
+        ready = sum(p.ready for p in peers.values())
+        if ready < n:
+            return HandshakeTimeout(
+                f"startup handshake timed out while waiting for READY after {timeout_s} s"
+                f" ({ready} of {n} engine(s) said READY)"
+            )
+        pending = [_name(i) for i, p in peers.items() if p.ready and p.registration is None]
+        return InputRegistrationTimeout(
+            f"engine input registration timed out after {timeout_s} s"
+            f" (still waiting for {', '.join(pending) or 'a READY engine'})"
+        )
 
 
 async def run_handshake(
@@ -90,122 +297,55 @@ async def run_handshake(
 ) -> list[EngineRegistration]:
     """Run the startup handshake with ``engine_count`` engines (wire spec §1.3).
 
-    Phase A: until ``engine_count`` distinct identities said HELLO, each is answered with INIT at
-    once (an early READY from an identity that already said HELLO is accepted). Phase B: until
-    every engine said READY. Phase C: one registration (an ``EngineCoreReadyResponse``) per
-    engine on the input ROUTER; it may have arrived before READY (real vLLM sends it first), and
-    the ROUTER buffers it. Each receive has its own deadline of ``ready_timeout_s`` seconds;
-    callers may also wrap the whole call in their own cancel scope.
+    Every identity that says HELLO is answered with INIT at once, and again every
+    ``INIT_RESEND_S`` until it registers on the input ROUTER. An engine is done once it said
+    READY and registered (one ``EngineCoreReadyResponse``; it may arrive before READY, as real
+    vLLM sends it); the handshake is done once ``engine_count`` engines are.
+
+    The handshake port is reachable by any local process, so nothing that arrives there can
+    abort the handshake: a wrong frame count, an undecodable payload or status, READY from an
+    identity that never said HELLO, a duplicate READY, or a HELLO from an identity that already
+    finished are logged (rate-limited) and dropped. A HELLO from an identity already in
+    progress (a restarted engine, or a stranger using its identity) is answered with INIT
+    again: the handshake is not "consumed" by the first HELLO, because only the registration,
+    which comes over the private ipc input socket, proves an engine. Identities beyond the expected
+    ones (2-byte indices below ``engine_count``) are tracked up to ``MAX_UNEXPECTED_PEERS``.
+
+    ``ready_timeout_s`` bounds the time without progress (a new identity's HELLO, a READY, a
+    registration); dropped messages are not progress. Callers may also wrap the whole call in
+    their own cancel scope.
 
     Returns:
-        The registrations in HELLO order.
+        The registrations in first-HELLO order (the first ``engine_count`` to finish).
 
     Raises:
         ValueError: ``engine_count < 1``.
-        HandshakeTimeout: no HELLO/READY within the deadline (the message names the stage).
-        InputRegistrationTimeout: an engine said READY but did not register in time.
-        UnexpectedHandshakeMessage: a duplicate HELLO, an unknown or duplicate READY, a wrong
-            status, an undecodable payload, a wrong frame count, an empty registration, or a
-            registration from an identity that did not handshake.
-        HandshakeError: the INIT reply could not be routed (the engine vanished).
+        HandshakeTimeout: no progress within the deadline (the message names the stage).
+        InputRegistrationTimeout: every engine said READY but one did not register in time.
+        UnexpectedHandshakeMessage: an engine that said HELLO sent an empty or undecodable
+            registration (an incompatible engine version).
     """
     if engine_count < 1:
         raise ValueError(f"expected engine_count >= 1, got {engine_count}")
-    init_payload = encode_init(sockets.input_address, sockets.output_address)
-    hello: list[bytes] = []  # HELLO order
-    ready: set[bytes] = set()
-
-    # Phase A: HELLO (READY may overlap for an engine that already said HELLO).
-    while len(hello) < engine_count:
-        identity, payload = await _recv_pair(
-            sockets.handshake,
-            ready_timeout_s,
-            HandshakeTimeout(
-                f"startup handshake timed out while waiting for HELLO after {ready_timeout_s} s"
-                f" ({len(hello)} of {engine_count} engine(s) said HELLO)"
-            ),
-        )
-        status = _status(identity, payload)
-        if status == "HELLO":
-            if identity in hello:
-                raise UnexpectedHandshakeMessage(
-                    f"duplicate HELLO from {_name(identity)} (two engines share an identity?)"
-                )
-            hello.append(identity)
-            logger.info("handshake: HELLO from %s; sending INIT", _name(identity))
-            await _send_init(sockets.handshake, identity, init_payload)
-        elif status == "READY":
-            _mark_ready(identity, hello, ready)
-        else:
-            raise UnexpectedHandshakeMessage(
-                f"unexpected handshake status {status!r} from {_name(identity)}"
-            )
-
-    # Phase B: READY from every engine that said HELLO.
-    while len(ready) < engine_count:
-        identity, payload = await _recv_pair(
-            sockets.handshake,
-            ready_timeout_s,
-            HandshakeTimeout(
-                f"startup handshake timed out while waiting for READY after {ready_timeout_s} s"
-                f" ({len(ready)} of {engine_count} engine(s) said READY)"
-            ),
-        )
-        status = _status(identity, payload)
-        if status != "READY":
-            raise UnexpectedHandshakeMessage(
-                f"unexpected handshake status {status!r} from {_name(identity)} while waiting"
-                " for READY"
-            )
-        _mark_ready(identity, hello, ready)
-
-    # Phase C: one registration per engine on the input ROUTER.
-    registrations: dict[bytes, EngineCoreReadyResponse] = {}
-    while len(registrations) < engine_count:
-        pending = [_name(i) for i in hello if i not in registrations]
-        identity, payload = await _recv_pair(
-            sockets.input,
-            ready_timeout_s,
-            InputRegistrationTimeout(
-                f"engine input registration timed out after {ready_timeout_s} s"
-                f" (still waiting for {', '.join(pending)})"
-            ),
-        )
-        if identity in registrations:
-            raise UnexpectedHandshakeMessage(f"duplicate input registration from {_name(identity)}")
-        if identity not in hello:
-            raise UnexpectedHandshakeMessage(
-                f"input registration from {_name(identity)}, which did not handshake"
-            )
-        if not payload:
-            raise UnexpectedHandshakeMessage(
-                f"empty input registration from {_name(identity)}: this engine version is too"
-                " old for the ZMQ backend (it must send an EngineCoreReadyResponse)"
-            )
-        try:
-            registrations[identity] = decode_ready_response(payload)
-        except DecodeError as exc:
-            raise UnexpectedHandshakeMessage(
-                f"undecodable input registration from {_name(identity)}: {exc}"
-            ) from exc
-        logger.info("handshake: %s registered on the input socket", _name(identity))
-
+    driver = _Driver(
+        sockets, engine_count, encode_init(sockets.input_address, sockets.output_address)
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(driver.handshake_loop)
+        nursery.start_soon(driver.input_loop)
+        with trio.move_on_after(ready_timeout_s) as deadline:
+            driver.deadline, driver.timeout_s = deadline, ready_timeout_s
+            await driver.finished.wait()
+        nursery.cancel_scope.cancel()
+    if not driver.finished.is_set():
+        raise driver.timeout_error(ready_timeout_s)
+    if driver.fatal is not None:
+        raise driver.fatal
+    if driver.ignored.count > IGNORED_LOG_LIMIT:
+        logger.warning("handshake: ignored %d message(s) in all", driver.ignored.count)
+    done = [(i, p.registration) for i, p in driver.peers.items() if p.done][:engine_count]
     return [
-        EngineRegistration(identity=i, index=engine_index(i), ready=registrations[i]) for i in hello
+        EngineRegistration(identity=i, index=engine_index(i), ready=r)
+        for i, r in done
+        if r is not None
     ]
-
-
-def _mark_ready(identity: bytes, hello: list[bytes], ready: set[bytes]) -> None:
-    if identity not in hello:
-        raise UnexpectedHandshakeMessage(f"READY from {_name(identity)}, which never said HELLO")
-    if identity in ready:
-        raise UnexpectedHandshakeMessage(f"duplicate READY from {_name(identity)}")
-    ready.add(identity)
-    logger.info("handshake: READY from %s", _name(identity))
-
-
-async def _send_init(sock: ZmqSocket, identity: bytes, payload: bytes) -> None:
-    try:
-        await sock.send_multipart([identity, payload])
-    except zmq.ZMQError as exc:
-        raise HandshakeError(f"cannot send INIT to {_name(identity)}: {exc.strerror}") from exc

@@ -18,7 +18,7 @@ from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.transport.sockdir import check_ipc_path, ensure_ipc_socket_dir, unlink_stale_socket
 from smg_trio.transport.zsocket import ZmqSocket, zmq_context
 
-__all__ = ["BoundSockets", "bind_worker_sockets"]
+__all__ = ["BoundSockets", "HandshakeSocket", "bind_handshake_socket", "bind_worker_sockets"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,35 @@ def _bind(
     return wrapped, resolved.decode()
 
 
+@attrs.frozen
+class HandshakeSocket:
+    """A bound handshake ROUTER and its resolved address, kept across a worker's engine lives.
+
+    A re-bind would drop whatever a restarted engine already sent: its HELLO (which it sends
+    once and never repeats) can reach the closing socket, or sit in its queue, and be lost with
+    it; the engine then waits for an INIT that never comes (vLLM for 5 minutes). So a worker
+    binds this once (:func:`bind_handshake_socket`) and passes it to every
+    :func:`bind_worker_sockets`; a HELLO that arrives while the data plane is being re-bound
+    waits in its queue.
+    """
+
+    socket: ZmqSocket
+    address: str
+
+
+@asynccontextmanager
+async def bind_handshake_socket(address: str) -> AsyncIterator[HandshakeSocket]:
+    """Bind the handshake ROUTER at ``address`` for as long as the block runs (closed on exit).
+
+    Raises:
+        EngineError: the bind failed (for example, the port is in use).
+    """
+    with contextlib.ExitStack() as stack:
+        hs, resolved = _bind(stack, zmq.ROUTER, address, "handshake ROUTER", _configure_router)
+        await trio.lowlevel.checkpoint()
+        yield HandshakeSocket(socket=hs, address=resolved)
+
+
 def _inode(path: str) -> tuple[int, int] | None:
     try:
         st = os.lstat(path)
@@ -113,14 +142,17 @@ def _unlink_if_same(path: str, inode: tuple[int, int] | None) -> None:
 
 
 @asynccontextmanager
-async def bind_worker_sockets(addresses: WorkerAddresses) -> AsyncIterator[BoundSockets]:
+async def bind_worker_sockets(
+    addresses: WorkerAddresses, *, handshake: HandshakeSocket | None = None
+) -> AsyncIterator[BoundSockets]:
     """Bind one worker's socket set, as smg does: input ROUTER, output PULL, handshake ROUTER.
 
     Before binding, the parent directory of the worker's ipc path is made safe
     (:func:`~smg_trio.transport.sockdir.ensure_ipc_socket_dir`), both ipc paths are checked
     against the ``sun_path`` limit, and stale ``-in.sock``/``-out.sock`` sockets are unlinked.
     On exit every socket is closed (``linger=0``) and the socket files this call created are
-    removed.
+    removed. With ``handshake``, that already-bound ROUTER is used (and left open on exit)
+    instead of binding ``addresses.handshake``.
 
     Raises:
         SocketDirError: the socket directory or an ipc path is unusable, or an ipc bind failed.
@@ -145,9 +177,12 @@ async def bind_worker_sockets(addresses: WorkerAddresses) -> AsyncIterator[Bound
             stack, zmq.PULL, addresses.output, "output PULL", _configure_output_pull
         )
         stack.callback(_unlink_if_same, output_path, _inode(output_path))
-        hs, handshake_address = _bind(
-            stack, zmq.ROUTER, addresses.handshake, "handshake ROUTER", _configure_router
-        )
+        if handshake is None:
+            hs, handshake_address = _bind(
+                stack, zmq.ROUTER, addresses.handshake, "handshake ROUTER", _configure_router
+            )
+        else:
+            hs, handshake_address = handshake.socket, handshake.address
         logger.debug(
             "bound worker sockets: input %s, output %s, handshake %s",
             input_address,

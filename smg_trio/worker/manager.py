@@ -27,6 +27,7 @@ from smg_trio.tokenizer.core import Tokenizer, load_model_json
 from smg_trio.tokenizer.eos import resolve_eos
 from smg_trio.tokenizer.modeldir import ModelDir
 from smg_trio.transport.handshake import READY_TIMEOUT_S
+from smg_trio.transport.topology import HandshakeSocket, bind_handshake_socket
 from smg_trio.worker.confine import WorkerConfinement, escape, require_printable
 from smg_trio.worker.policies import LoadBalancingPolicy, make_policy
 from smg_trio.worker.registry import Worker, WorkerConflictError, WorkerRegistry
@@ -44,7 +45,7 @@ __all__ = ["RegistrationJob", "WorkerManager", "WorkerSpec", "WorkerState"]
 log = logging.getLogger(__name__)
 
 Runtime = Literal["vllm", "tokenspeed"]
-#: Pause between re-bind attempts after an engine died or a re-handshake failed.
+#: Pause between data-plane re-binds after an engine died or a re-handshake failed.
 REBIND_BACKOFF_S = 0.5
 #: How long removal waits for a worker's in-flight requests before cancelling them.
 DRAIN_TIMEOUT_S = 30.0
@@ -482,39 +483,55 @@ class WorkerManager:
 
     async def _supervise(self, worker: WorkerState) -> None:
         """Keep the worker connected: bind + handshake, serve until the engine dies, mark it
-        unhealthy, re-bind and wait for the restarted engine to dial in again."""
+        unhealthy, re-bind the data plane and wait for the restarted engine to dial in again.
+
+        The handshake ROUTER is bound once, for the worker's whole life: a restarted engine
+        sends HELLO once, often before the gateway has noticed the death, and a re-bind of that
+        socket would lose it (the engine would then wait minutes for an INIT).
+        """
         protocol: EngineProtocol = _PROTOCOLS[worker.runtime]()
         with worker.scope:
-            while True:
-                try:
-                    async with open_engine_client(
-                        protocol,
-                        worker.addresses,
-                        engine_count=worker.spec.dp_size,
-                        ready_timeout_s=self.ready_timeout_s,
-                        silence_timeout_s=self.silence_timeout_s,
-                    ) as client:
-                        worker.set_client(client)
-                        worker.last_error = None
-                        # A fresh handshake proves the engine healthy: failures of the dead
-                        # engine's requests must not keep the restarted one out for 60 s.
-                        worker.circuit.reset()
-                        if worker.status == "unhealthy":
-                            worker.status = "ready"
-                            log.info("worker %r reconnected", worker.spec.url)
-                        worker.connected.set()
-                        await client.dead_event.wait()
-                        worker.last_error = str(client.dead_reason)
-                except (EngineError, OSError) as exc:
-                    worker.last_error = f"{type(exc).__name__}: {exc}"
-                    log.warning("worker %r: %s", worker.spec.url, escape(worker.last_error))
-                    if not worker.connected.is_set():
-                        worker.connected.set()  # registration sees client None and fails
-                        return
-                worker.set_client(None)
-                if worker.status == "ready":
-                    worker.status = "unhealthy"
-                await trio.sleep(REBIND_BACKOFF_S)
+            try:
+                async with bind_handshake_socket(worker.addresses.handshake) as handshake:
+                    await self._connect_loop(worker, protocol, handshake)
+            except (EngineError, OSError) as exc:
+                worker.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("worker %r: %s", worker.spec.url, escape(worker.last_error))
+                worker.connected.set()  # registration sees client None and fails
+
+    async def _connect_loop(
+        self, worker: WorkerState, protocol: EngineProtocol, handshake: HandshakeSocket
+    ) -> None:
+        while True:
+            try:
+                async with open_engine_client(
+                    protocol,
+                    worker.addresses,
+                    engine_count=worker.spec.dp_size,
+                    ready_timeout_s=self.ready_timeout_s,
+                    silence_timeout_s=self.silence_timeout_s,
+                    handshake=handshake,
+                ) as client:
+                    worker.set_client(client)
+                    worker.last_error = None
+                    # A fresh handshake proves the engine healthy: failures of the dead
+                    # engine's requests must not keep the restarted one out for 60 s.
+                    worker.circuit.reset()
+                    if worker.status == "unhealthy":
+                        worker.status = "ready"
+                        log.info("worker %r reconnected", worker.spec.url)
+                    worker.connected.set()
+                    await client.dead_event.wait()
+                    worker.last_error = str(client.dead_reason)
+            except (EngineError, OSError) as exc:
+                if not worker.connected.is_set():
+                    raise
+                worker.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("worker %r: %s", worker.spec.url, escape(worker.last_error))
+            worker.set_client(None)
+            if worker.status == "ready":
+                worker.status = "unhealthy"
+            await trio.sleep(REBIND_BACKOFF_S)
 
     @property
     def workers(self) -> list[WorkerState]:

@@ -20,10 +20,12 @@ from smg_trio.errors import EngineError, ValidationError
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.protocol.addresses import derive_handshake_port
+from smg_trio.protocol.handshake import decode_init, encode_status
 from smg_trio.protocol.types import GenerateRequest, SamplingOptions
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
 from smg_trio.worker.policies import POLICY_NAMES
+from tests.helpers.hostile import open_raw_peer
 from tests.helpers.ipc import IpcNamespace, free_handshake_address
 
 DEADLINE_S = 30.0  # generous: CI machines are shared; a pass takes ~1 s
@@ -240,6 +242,63 @@ async def test_engine_killed_and_restarted_worker_recovers(
             assert manager.get_worker(worker.worker_id) is worker
             assert await one_request(manager, "m", "after") == worker.worker_id
             assert manager.readiness().ready
+
+
+async def test_hello_sent_before_the_death_is_noticed_is_answered(
+    ns: IpcNamespace, model_dir: Path
+) -> None:
+    """A restarted engine says HELLO once, often before the gateway has seen the old one die.
+    That HELLO must survive the re-bind (it used to be lost with the closed handshake ROUTER,
+    and the engine then waited for an INIT forever: issue 15 item 8)."""
+    with trio.fail_after(DEADLINE_S):
+        async with open_manager() as (manager, nursery):
+            spec = make_spec(ns, "a", model_dir)
+            assert spec.zmq_handshake_address is not None
+            worker, engine = await serve_worker(manager, nursery, spec)
+            engine.die_silently()  # idle: nothing in flight, so the gateway cannot tell yet
+            await engine.dead.wait()
+            registration = engine.registration()
+            async with open_raw_peer(spec.zmq_handshake_address, b"\x00\x00") as restarted:
+                await restarted.send(encode_status("HELLO"))
+                await restarted.wait_connected()  # HELLO is on its way to the gateway
+                assert worker.status == "ready"
+                manager.kill_worker_client(spec.url, "engine process exited")
+                with trio.fail_after(5.0):
+                    (init_frame,) = await restarted.recv()
+                init = decode_init(init_frame)
+                await restarted.send(encode_status("READY"))
+                async with open_raw_peer(init.addresses.inputs[0], b"\x00\x00") as inp:
+                    await inp.send(registration)
+                    await wait_until(lambda: worker.healthy)
+                    assert worker.status == "ready"
+
+
+async def test_hostile_peer_racing_a_restart_does_not_keep_the_worker_down(
+    ns: IpcNamespace, model_dir: Path
+) -> None:
+    """Issue 18 finding 4: while the engine restarts, a local stranger with the engine's
+    identity says HELLO, sends garbage and HELLO again. The restarted engine must still be taken
+    back and serve, within seconds (it used to abort the handshake, and the worker stayed down
+    for minutes)."""
+    with trio.fail_after(DEADLINE_S):
+        async with open_manager() as (manager, nursery):
+            spec = make_spec(ns, "a", model_dir)
+            assert spec.zmq_handshake_address is not None
+            worker, engine = await serve_worker(manager, nursery, spec)
+            await engine.die_with_sentinel()
+            await wait_until(lambda: worker.status == "unhealthy")
+            async with open_raw_peer(spec.zmq_handshake_address, b"\x00\x00") as stranger:
+                await stranger.send(encode_status("HELLO"))
+                await stranger.recv()  # the gateway took the stranger's HELLO: it holds INIT
+                with trio.fail_after(10.0):  # seconds, not minutes
+                    await start_engine(nursery, spec)  # its HELLO is a duplicate
+                    for garbage in [b"\xc1", b"", encode_status("READY"), encode_status("HELLO")]:
+                        await stranger.send(garbage)
+                    await wait_until(lambda: worker.healthy)
+                    assert await one_request(manager, "m", "after") == worker.worker_id
+                await stranger.send(encode_status("HELLO"), b"more")  # after: still harmless
+            assert worker.status == "ready"
+            assert await one_request(manager, "m", "after-2") == worker.worker_id
 
 
 # -- add/remove races ----------------------------------------------------------------------
