@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "ClientClosed",
     "CodecError",
+    "ConflictError",
     "DecodeError",
     "DuplicateRequestId",
     "EncodeError",
@@ -22,6 +23,7 @@ __all__ = [
     "UnexpectedHandshakeMessage",
     "UnsupportedField",
     "ValidationError",
+    "TransportError",
     "WorkerAddressError",
 ]
 
@@ -55,6 +57,13 @@ class EngineError(SmgError):
 class EngineDeadError(EngineError):
     """The engine is gone: the ``ENGINE_CORE_DEAD`` sentinel, a transport error, a stuck send,
     persistent decode errors, or silence while requests were in flight. Latches the client."""
+
+
+class TransportError(EngineError):
+    """A socket operation failed in libzmq (for example ``EHOSTUNREACH`` from a
+    ``ROUTER_MANDATORY`` send to an identity that is not connected). ``errno`` is libzmq's."""
+
+    errno: int | None
 
 
 class HandshakeError(EngineError):
@@ -93,23 +102,19 @@ class RequestError(SmgError):
 
 
 class ValidationError(RequestError, ValueError):
-    """Client input is invalid. ``param`` names the offending OpenAI field, if any.
+    """Client input is invalid. ``param`` names the offending OpenAI field, if any; ``code``
+    is the envelope's machine-readable code. The gateway decides the HTTP status (400)."""
 
-    The gateway renders it as HTTP ``status`` with the OpenAI error envelope."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        status: int = 400,
-    ) -> None:
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
-        self.status = status
+
+
+class ConflictError(ValidationError):
+    """The input is valid but clashes with what exists (a worker URL or handshake address
+    already registered); the gateway answers 409."""
 
 
 class UnsupportedField(ValidationError):

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import trio
-import zmq
 
 from smg_trio.connector.routing import RankRouter, WaveClock
 from smg_trio.connector.stream import RequestStream, _Entry
@@ -19,6 +18,7 @@ from smg_trio.errors import (
     DecodeError,
     DuplicateRequestId,
     EngineDeadError,
+    TransportError,
 )
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.handshake import EngineCoreReadyResponse
@@ -234,7 +234,7 @@ class EngineClient:
             async with self._send_lock:
                 with trio.move_on_after(ENGINE_SEND_TIMEOUT_S) as cs:
                     await sock.send_multipart(msg)
-        except (zmq.ZMQError, trio.ClosedResourceError) as exc:
+        except (TransportError, trio.ClosedResourceError) as exc:
             err = EngineDeadError(f"engine input socket failed: {exc}")
             self._die(err)
             raise err from exc
@@ -253,7 +253,7 @@ class EngineClient:
             msg = [identity, *self.protocol.encode_abort(ids)]
             try:
                 queued = self._sockets.input.send_multipart_nowait(msg)
-            except (zmq.ZMQError, trio.ClosedResourceError):
+            except (TransportError, trio.ClosedResourceError):
                 queued = False
             if not queued:
                 log.warning("could not queue ABORT for %d stalled request(s)", len(ids))
@@ -380,7 +380,7 @@ class EngineClient:
                         await sock.wait_readable()
                         continue
                     burst += 1
-                except (zmq.ZMQError, trio.ClosedResourceError) as exc:
+                except (TransportError, trio.ClosedResourceError) as exc:
                     if not self._closed:
                         self._die(EngineDeadError(f"engine output socket failed: {exc}"))
                     return

@@ -10,7 +10,7 @@ from quart import Blueprint, Response, request
 from smg_trio import jsontext
 from smg_trio.errors import ValidationError
 from smg_trio.gateway.http.call import bearer_matches
-from smg_trio.gateway.openai.errors import ApiError
+from smg_trio.gateway.openai.errors import ApiError, to_api_error
 from smg_trio.worker.manager import WorkerManager, WorkerSpec
 
 __all__ = ["NO_ADMIN_KEY_MESSAGE", "admin_blueprint"]
@@ -89,7 +89,7 @@ def admin_blueprint(
             await manager.check_spec(spec)
             job = manager.add_worker(spec)
         except ValidationError as exc:
-            return _error(ApiError(exc.status, exc.message, param=exc.param, code=exc.code))
+            return _error(to_api_error(exc))
         status_url = f"/workers/jobs/{job.job_id}"
         doc = {"job_id": job.job_id, "worker_id": job.worker_id, "status_url": status_url}
         return doc, 202, {"Location": status_url}

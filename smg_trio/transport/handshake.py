@@ -8,7 +8,6 @@ from typing import Final
 
 import attrs
 import trio
-import zmq
 
 from smg_trio.errors import (
     DecodeError,
@@ -24,6 +23,7 @@ from smg_trio.protocol.handshake import (
     encode_init,
 )
 from smg_trio.transport.topology import BoundSockets
+from smg_trio.transport.zsocket import ZmqSocketError
 
 __all__ = ["READY_TIMEOUT_S", "EngineRegistration", "engine_index", "run_handshake"]
 
@@ -205,7 +205,7 @@ class _Driver:
         peer.next_init = trio.current_time() + INIT_RESEND_S
         try:
             sent = self.sockets.handshake.send_multipart_nowait([identity, self.init_payload])
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: that identity is not connected (now)
+        except ZmqSocketError as exc:  # EHOSTUNREACH: that identity is not connected (now)
             logger.debug("handshake: INIT to %s not sent: %s", _name(identity), exc.strerror)
             return
         if not sent:

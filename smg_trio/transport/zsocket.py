@@ -35,7 +35,9 @@ from typing import Final, TypeAlias, cast
 import trio
 import zmq
 
-__all__ = ["Frame", "ZmqSocket", "zmq_context"]
+from smg_trio.errors import TransportError
+
+__all__ = ["Frame", "ZmqSocket", "ZmqSocketError", "zmq_context"]
 
 #: What :meth:`ZmqSocket.send_multipart` accepts per frame.
 Frame: TypeAlias = bytes | bytearray | memoryview
@@ -45,6 +47,19 @@ _POLLOUT: Final = zmq.POLLOUT
 
 _context: zmq.Context[zmq.Socket[bytes]] | None = None
 _context_pid: int | None = None
+
+
+class ZmqSocketError(TransportError, zmq.ZMQError):
+    """A libzmq error at the transport boundary: in smg_trio's error tree
+    (:class:`~smg_trio.errors.TransportError`) and still a ``zmq.ZMQError`` (same ``errno``
+    and ``strerror``), so nothing above the transport needs to import ``zmq``."""
+
+    def __init__(self, errno: int | None = None, msg: str | None = None) -> None:
+        zmq.ZMQError.__init__(self, errno, msg)
+
+
+def _wrapped(exc: zmq.ZMQError) -> ZmqSocketError:
+    return ZmqSocketError(exc.errno, exc.strerror)
 
 
 def zmq_context() -> zmq.Context[zmq.Socket[bytes]]:
@@ -66,7 +81,7 @@ class ZmqSocket:
     """Trio adapter for one pyzmq socket; it takes ownership and closes it in :meth:`close`.
 
     Exactly one task may await on an instance at a time (a second waiter raises
-    :class:`trio.BusyResourceError`). Errors from libzmq are raised raw as ``zmq.ZMQError``
+    :class:`trio.BusyResourceError`). Errors from libzmq are raised as :class:`ZmqSocketError` (a ``zmq.ZMQError`` in smg_trio's error tree)
     (for example ``EHOSTUNREACH`` from a ``ROUTER_MANDATORY`` send to an unknown identity); the
     connector maps them to :class:`smg_trio.errors.EngineDeadError`. After :meth:`close` every
     operation raises :class:`trio.ClosedResourceError`, including one already waiting in another
@@ -119,7 +134,7 @@ class ZmqSocket:
     async def send_multipart(self, frames: Sequence[Frame]) -> None:
         """Send one multipart message, waiting while the socket is at its high-water mark.
 
-        Cancel-atomic: on ``Cancelled`` nothing was sent. Raises ``zmq.ZMQError`` from libzmq
+        Cancel-atomic: on ``Cancelled`` nothing was sent. Raises :class:`ZmqSocketError` from libzmq
         (``EHOSTUNREACH`` for an unroutable ``ROUTER_MANDATORY`` identity) and
         :class:`trio.ClosedResourceError` if the socket is or gets closed.
         """
@@ -132,6 +147,8 @@ class ZmqSocket:
             except zmq.Again:
                 slept = await self._wait(_POLLOUT, must_sleep=not slept)
                 continue
+            except zmq.ZMQError as exc:
+                raise _wrapped(exc) from exc
             break
         await trio.lowlevel.cancel_shielded_checkpoint()
 
@@ -147,13 +164,15 @@ class ZmqSocket:
             self._sock.send_multipart(frames, flags=zmq.DONTWAIT)
         except zmq.Again:
             return False
+        except zmq.ZMQError as exc:
+            raise _wrapped(exc) from exc
         return True
 
     async def recv_multipart(self) -> list[bytes]:
         """Receive one multipart message (all its frames, copied into ``bytes``).
 
         Waits until a message arrives. Cancel-atomic: on ``Cancelled`` no message was taken off
-        the socket. Raises ``zmq.ZMQError`` from libzmq and :class:`trio.ClosedResourceError`
+        the socket. Raises :class:`ZmqSocketError` from libzmq and :class:`trio.ClosedResourceError`
         if the socket is or gets closed.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -165,6 +184,8 @@ class ZmqSocket:
             except zmq.Again:
                 slept = await self._wait(_POLLIN, must_sleep=not slept)
                 continue
+            except zmq.ZMQError as exc:
+                raise _wrapped(exc) from exc
             break
         await trio.lowlevel.cancel_shielded_checkpoint()
         return frames
@@ -173,7 +194,7 @@ class ZmqSocket:
         """One multipart message if one is waiting, else ``None``; not a checkpoint.
 
         Reads ``EVENTS`` first, so an empty socket costs no ``zmq.Again``. Raises
-        ``zmq.ZMQError`` from libzmq and :class:`trio.ClosedResourceError` if closed.
+        ``ZmqSocketError`` from libzmq and :class:`trio.ClosedResourceError` if closed.
         """
         self._check_open()
         if not (cast(int, self._sock.get(zmq.EVENTS)) & _POLLIN):
@@ -182,6 +203,8 @@ class ZmqSocket:
             return self._sock.recv_multipart(flags=zmq.DONTWAIT)
         except zmq.Again:
             return None
+        except zmq.ZMQError as exc:
+            raise _wrapped(exc) from exc
 
     async def wait_readable(self) -> None:
         """Wait until :meth:`recv_multipart_nowait` has a message; always a checkpoint.

@@ -18,7 +18,7 @@ from smg_trio.connector.client import (
     EngineClient,
     open_engine_client,
 )
-from smg_trio.errors import EngineError, HandshakeError, SmgError, ValidationError
+from smg_trio.errors import ConflictError, EngineError, HandshakeError, SmgError, ValidationError
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol
@@ -364,9 +364,7 @@ class WorkerManager:
             self.registry.register(worker)
         except WorkerConflictError as exc:
             param = "url" if exc.existing_url == spec.url else "zmq_handshake_address"
-            raise ValidationError(
-                str(exc), param=param, code="worker_conflict", status=409
-            ) from exc
+            raise ConflictError(str(exc), param=param, code="worker_conflict") from exc
         job = RegistrationJob(job_id=str(uuid.uuid4()), spec=spec, worker_id=worker.worker_id)
         self.jobs[job.job_id] = job
         self._nursery.start_soon(self._run_registration, job, worker)

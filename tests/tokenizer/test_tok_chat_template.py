@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from smg_trio.errors import ValidationError
+from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.tokenizer import ChatTemplate, Tokenizer, normalize_messages
 
 USER = [{"role": "user", "content": "hi"}]
@@ -95,7 +96,7 @@ def test_bad_content_names_field(content: Any, param: str) -> None:
     with pytest.raises(ValidationError) as exc:
         render("{{ messages }}", msgs)
     assert exc.value.param == param
-    assert exc.value.status == 400
+    assert to_api_error(exc.value).status == 400
     assert param in exc.value.message
 
 
@@ -135,7 +136,7 @@ def test_raise_exception_is_validation_error(tok: Tokenizer) -> None:
     msgs = [{"role": "user", "content": "a"}, {"role": "system", "content": "late"}]
     with pytest.raises(ValidationError, match="System message must be at the beginning") as exc:
         tok.apply_chat_template(msgs)
-    assert exc.value.status == 400
+    assert to_api_error(exc.value).status == 400
 
 
 def test_runtime_errors_are_validation_errors() -> None:

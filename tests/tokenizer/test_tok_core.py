@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from smg_trio.errors import ValidationError
+from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.tokenizer import Tokenizer
 
 
@@ -95,7 +96,7 @@ def test_no_chat_template(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert not t.has_chat_template
     with pytest.raises(ValidationError, match="no chat template") as exc:
         t.apply_chat_template([{"role": "user", "content": "x"}])
-    assert exc.value.status == 400
+    assert to_api_error(exc.value).status == 400
 
 
 def test_load_errors(tiny_model_dir: Path, tmp_path: Path) -> None:

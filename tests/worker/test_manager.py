@@ -17,6 +17,7 @@ import trio.lowlevel
 
 from smg_trio.backend import NoWorkerAvailable
 from smg_trio.errors import EngineError, ValidationError
+from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.protocol.addresses import derive_handshake_port
@@ -347,7 +348,7 @@ async def test_concurrent_add_and_remove_same_url(ns: IpcNamespace, model_dir: P
                 try:
                     job = manager.add_worker(spec)
                 except ValidationError as exc:
-                    outcomes.append(f"conflict-{exc.status}")
+                    outcomes.append(f"conflict-{to_api_error(exc).status}")
                     return
                 assert job.worker_id is not None
                 await trio.lowlevel.checkpoint()
@@ -391,7 +392,7 @@ async def test_handshake_address_collisions_name_both_urls(
             manager.add_worker(first)
             with pytest.raises(ValidationError) as err:
                 manager.add_worker(second)
-            assert err.value.status == 409
+            assert to_api_error(err.value).status == 409
             assert err.value.param == "zmq_handshake_address"
             assert first.url in err.value.message
             assert second.url in err.value.message
@@ -409,7 +410,7 @@ async def test_handshake_address_collisions_name_both_urls(
             # Same URL again: 409 as well.
             with pytest.raises(ValidationError) as err:
                 manager.add_worker(first)
-            assert err.value.status == 409
+            assert to_api_error(err.value).status == 409
             assert err.value.param == "url"
 
 
@@ -428,7 +429,7 @@ async def test_spec_validation_rejects_before_binding(ns: IpcNamespace, model_di
             for param, spec in bad.items():
                 with pytest.raises(ValidationError) as err:
                     manager.add_worker(spec)
-                assert err.value.status == 400, param
+                assert to_api_error(err.value).status == 400, param
                 assert err.value.param == param
             assert len(manager.registry) == 0
             assert not manager.jobs

@@ -10,6 +10,7 @@ import trio
 from smg_trio.backend import NoWorkerAvailable
 from smg_trio.errors import (
     ClientClosed,
+    ConflictError,
     DuplicateRequestId,
     EngineDeadError,
     RequestError,
@@ -146,7 +147,8 @@ def to_api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, ValidationError):
-        return ApiError(exc.status, exc.message, param=exc.param, code=exc.code)
+        status = 409 if isinstance(exc, ConflictError) else 400
+        return ApiError(status, exc.message, param=exc.param, code=exc.code)
     if isinstance(exc, (NoWorkerAvailable, EngineDeadError, ClientClosed)):
         return ApiError(503, str(exc) or "no engine available", code="service_unavailable")
     if isinstance(exc, EngineRequestFailed):
