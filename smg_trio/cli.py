@@ -221,14 +221,20 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The argument parser. Every parser and subparser takes ``allow_abbrev=False``: a flag is
+    only its full name (as in smg's clap parser), so an abbreviation can neither slip past the
+    env and config layers (they skip the flags the command line names) nor change its meaning
+    when a flag is added."""
     p = argparse.ArgumentParser(
         prog="python -m smg_trio",
+        allow_abbrev=False,
         description="An OpenAI-compatible gateway that drives vLLM and TokenSpeed engines over ZMQ.",
     )
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser(
         "serve",
+        allow_abbrev=False,
         help="launch headless engines and the gateway",
         description="Launch --dp-size headless engines as child processes and serve them. "
         "Engine arguments go after '--'. Every flag also reads SMG_TRIO_<FLAG> from the environment.",
@@ -262,6 +268,7 @@ def _parser() -> argparse.ArgumentParser:
 
     la = sub.add_parser(
         "launch",
+        allow_abbrev=False,
         help="run only the gateway, for engines started elsewhere",
         description="Bind each worker's sockets and wait for its engines to dial in.",
     )
@@ -286,19 +293,34 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--zmq-handshake-address", help="tcp:// handshake override (single worker)")
     _common(la)
 
-    sub.add_parser("mock-engine", help="run the mock engine (see --help)", add_help=False)
-    sub.add_parser("conformance", help="run the conformance runner (see --help)", add_help=False)
-    sub.add_parser("version", help="print the version")
+    sub.add_parser(
+        "mock-engine", help="run the mock engine (see --help)", add_help=False, allow_abbrev=False
+    )
+    sub.add_parser(
+        "conformance",
+        help="run the conformance runner (see --help)",
+        add_help=False,
+        allow_abbrev=False,
+    )
+    sub.add_parser("version", help="print the version", allow_abbrev=False)
     return p
 
 
 def _apply_env_and_file(
     parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]
 ) -> None:
-    """Precedence: command line > SMG_TRIO_<FLAG> env > --config file > defaults."""
+    """Precedence: command line > SMG_TRIO_<FLAG> env > --config file > defaults.
+
+    A flag with aliases (``--dp-size``/``--data-parallel-size``) reads the variable and the file
+    key of each of its names, its first name first. ``SMG_TRIO_CONFIG`` names the file when
+    ``--config`` does not. The command line's flags are whole names (``allow_abbrev=False``),
+    so the flags it names are exactly those argparse set."""
     file_values: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        path = Path(args.config)
+    config = getattr(args, "config", None)
+    if config is None and hasattr(args, "config"):
+        config = args.config = os.environ.get(_ENV_PREFIX + "CONFIG")
+    if config:
+        path = Path(config)
         text = path.read_text()
         file_values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
@@ -309,12 +331,12 @@ def _apply_env_and_file(
             continue
         if any(o in given for o in action.option_strings):
             continue
-        env = os.environ.get(_ENV_PREFIX + action.dest.upper())
-        raw: Any = env if env is not None else file_values.get(action.dest)
-        if raw is None:
+        found = _env_or_file(action, file_values)
+        if found is None:
             continue
+        source, raw = found
         if isinstance(action, argparse._StoreTrueAction):
-            raw = _flag_bool(subparser, action, raw)
+            raw = _flag_bool(subparser, action, raw, source)
         elif action.nargs == "+" and isinstance(raw, str):
             raw = raw.split(",")
         elif action.type is not None and isinstance(raw, (str, int, float)):
@@ -322,19 +344,36 @@ def _apply_env_and_file(
                 raw = action.type(str(raw))  # type: ignore[operator,unused-ignore]
             except (argparse.ArgumentTypeError, ValueError) as exc:
                 subparser.error(
-                    f"argument {'/'.join(action.option_strings)}: {exc} "
-                    f"(from {_ENV_PREFIX + action.dest.upper()} or --config)"
+                    f"argument {'/'.join(action.option_strings)}: {exc} (from {source})"
                 )
         if action.choices is not None and raw not in action.choices:
             choices = ", ".join(map(repr, action.choices))
             subparser.error(
                 f"argument {'/'.join(action.option_strings)}: invalid choice: {raw!r} "
-                f"(from {_ENV_PREFIX + action.dest.upper()} or --config; choose from {choices})"
+                f"(from {source}; choose from {choices})"
             )
         setattr(args, action.dest, raw)
 
 
-def _flag_bool(parser: argparse.ArgumentParser, action: argparse.Action, raw: Any) -> bool:
+def _env_or_file(action: argparse.Action, file_values: dict[str, Any]) -> tuple[str, Any] | None:
+    """``(where, value)`` of a flag not on the command line: its SMG_TRIO_<NAME> variable, else
+    its config-file key, trying each of the flag's names in order; None when neither is set."""
+    names = dict.fromkeys(
+        [action.dest, *(o.lstrip("-").replace("-", "_") for o in action.option_strings)]
+    )
+    for name in names:
+        env = os.environ.get(_ENV_PREFIX + name.upper())
+        if env is not None:
+            return _ENV_PREFIX + name.upper(), env
+    for name in names:
+        if file_values.get(name) is not None:
+            return f"--config key {name!r}", file_values[name]
+    return None
+
+
+def _flag_bool(
+    parser: argparse.ArgumentParser, action: argparse.Action, raw: Any, source: str
+) -> bool:
     """An on/off flag's env or config-file value: a bool, or 1/0, true/false, yes/no, on/off."""
     if isinstance(raw, bool):
         return raw
@@ -345,7 +384,7 @@ def _flag_bool(parser: argparse.ArgumentParser, action: argparse.Action, raw: An
         return False
     parser.error(
         f"argument {'/'.join(action.option_strings)}: expected true or false, got {raw!r} "
-        f"(from {_ENV_PREFIX + action.dest.upper()} or --config)"
+        f"(from {source})"
     )
 
 
