@@ -20,14 +20,19 @@ from typing import Any
 import trio
 
 from smg_trio import __version__
+from smg_trio.connector.client import ENGINE_SILENCE_DEATH_TIMEOUT_S
 from smg_trio.gateway.config import (
+    DEFAULT_HOST,
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_SEQUENCES_PER_REQUEST,
+    DEFAULT_PORT,
     DEFAULT_QUEUE_SIZE,
     DEFAULT_QUEUE_TIMEOUT_S,
     DEFAULT_WRITE_TIMEOUT_S,
     REQUEST_TOKENS_CONTEXTS,
 )
+from smg_trio.transport.handshake import READY_TIMEOUT_S
+from smg_trio.worker.policies import DEFAULT_POLICY, POLICY_NAMES
 
 __all__ = ["main"]
 
@@ -105,19 +110,22 @@ def _seconds(*, allow_zero: bool, allow_inf: bool = False) -> Callable[[str], fl
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    # serve/__init__ (the HTTP app) is heavy; the mock-engine and conformance paths skip it
+    from smg_trio.serve.config import DEFAULT_SHUTDOWN_GRACE_PERIOD_S
+
     g = p.add_argument_group("gateway")
-    g.add_argument("--host", default="127.0.0.1", help="HTTP bind host (default %(default)s)")
+    g.add_argument("--host", default=DEFAULT_HOST, help="HTTP bind host (default %(default)s)")
     g.add_argument(
         "--port",
         type=_int_at_least(0, 65535),
-        default=8080,
+        default=DEFAULT_PORT,
         help="HTTP port; 0 picks a free one (default %(default)s)",
     )
     g.add_argument("--served-model-name", help="model id clients send (default: the model path)")
     g.add_argument(
         "--policy",
-        default="round_robin",
-        choices=["round_robin", "random", "least_load", "power_of_two"],
+        default=DEFAULT_POLICY,
+        choices=POLICY_NAMES,
         help="load-balancing policy across workers of a model (default %(default)s)",
     )
     g.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on inference endpoints")
@@ -200,19 +208,19 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--worker-startup-timeout-secs",
         type=_seconds(allow_zero=False),
-        default=600.0,
+        default=READY_TIMEOUT_S,
         help="per-stage engine handshake deadline in seconds (default %(default)s)",
     )
     g.add_argument(
         "--engine-silence-timeout-secs",
         type=_seconds(allow_zero=False, allow_inf=True),
-        default=300.0,
+        default=ENGINE_SILENCE_DEATH_TIMEOUT_S,
         help="fail in-flight requests after this long without engine output (default %(default)s)",
     )
     g.add_argument(
         "--shutdown-grace-period-secs",
         type=_seconds(allow_zero=True),
-        default=30.0,
+        default=DEFAULT_SHUTDOWN_GRACE_PERIOD_S,
         help="on SIGINT/SIGTERM, how long in-flight requests may finish (default %(default)s)",
     )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -225,6 +233,8 @@ def _parser() -> argparse.ArgumentParser:
     only its full name (as in smg's clap parser), so an abbreviation can neither slip past the
     env and config layers (they skip the flags the command line names) nor change its meaning
     when a flag is added."""
+    from smg_trio.serve.config import DEFAULT_WORKER_BASE_PORT
+
     p = argparse.ArgumentParser(
         prog="python -m smg_trio",
         allow_abbrev=False,
@@ -253,7 +263,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--worker-base-port",
         type=_int_at_least(1, 65535),
-        default=31000,
+        default=DEFAULT_WORKER_BASE_PORT,
         help="first worker port (default %(default)s)",
     )
     s.add_argument(
