@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -83,17 +83,31 @@ async def serving(
     """
     configs = configs or (MockEngineConfig(),)
     engines = [MockEngine(addresses.handshake, cfg) for cfg in configs]
+    runs = [engine.run for engine in engines]
+    async with _client_of(addresses, configs[0].protocol, runs, silence_timeout_s) as client:
+        yield client, engines
+
+
+@asynccontextmanager
+async def _client_of(
+    addresses: WorkerAddresses,
+    protocol: ProtocolName,
+    runs: Sequence[Callable[[], Awaitable[None]]],
+    silence_timeout_s: float,
+) -> AsyncIterator[EngineClient]:
+    """Start one engine task per ``runs`` entry, then the client that handshakes with them;
+    on exit, close the client and cancel the engines."""
     async with trio.open_nursery() as nursery:
-        for engine in engines:
-            nursery.start_soon(engine.run)
+        for run in runs:
+            nursery.start_soon(run)
         async with open_engine_client(
-            make_protocol(configs[0].protocol),
+            make_protocol(protocol),
             addresses,
-            engine_count=len(engines),
+            engine_count=len(runs),
             ready_timeout_s=READY_TIMEOUT_S,
             silence_timeout_s=silence_timeout_s,
         ) as client:
-            yield client, engines
+            yield client
         nursery.cancel_scope.cancel()
 
 
@@ -188,17 +202,8 @@ async def raw_serving(
     silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
 ) -> AsyncIterator[EngineClient]:
     """An engine client handshaken with ``engines``; yields once every engine is ready."""
-    async with trio.open_nursery() as nursery:
+    runs = [engine.run for engine in engines]
+    async with _client_of(addresses, engines[0].protocol, runs, silence_timeout_s) as client:
         for engine in engines:
-            nursery.start_soon(engine.run)
-        async with open_engine_client(
-            make_protocol(engines[0].protocol),
-            addresses,
-            engine_count=len(engines),
-            ready_timeout_s=READY_TIMEOUT_S,
-            silence_timeout_s=silence_timeout_s,
-        ) as client:
-            for engine in engines:
-                await engine.ready.wait()
-            yield client
-        nursery.cancel_scope.cancel()
+            await engine.ready.wait()
+        yield client
