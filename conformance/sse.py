@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SseStream", "parse_sse"]
+__all__ = ["DONE", "SseDecoder", "SseStream", "parse_sse"]
 
 DONE = "[DONE]"
 
@@ -21,6 +22,25 @@ class SseStream:
     """In-stream error payloads (``{"error": ...}``)."""
     done_count: int = 0
     problems: list[str] = field(default_factory=list)
+
+
+def _payloads(
+    frames: Sequence[str], problems: list[str], first: int = 0
+) -> Iterator[tuple[int, str]]:
+    """Each frame's position (counted from ``first``) and ``data: `` payload, comment-only
+    frames skipped; framing problems go to ``problems`` as each frame is read."""
+    for pos, frame in enumerate(frames, first):
+        lines = [ln for ln in frame.split("\n") if not ln.startswith(":")]
+        if not lines:
+            continue  # comment-only frame (keep-alive)
+        if "\r" in frame:
+            problems.append(f"frame {pos} contains a carriage return: {frame[:80]!r}")
+        data_lines = [ln for ln in lines if ln.startswith("data: ")]
+        if len(lines) != 1 or len(data_lines) != 1:
+            problems.append(f"frame {pos} is not a single 'data: ' line: {frame[:120]!r}")
+            if not data_lines:
+                continue
+        yield pos, data_lines[0][len("data: ") :]
 
 
 def parse_sse(body: bytes) -> SseStream:
@@ -43,24 +63,13 @@ def parse_sse(body: bytes) -> SseStream:
     if pieces[-1] != "":
         out.problems.append(f"SSE body does not end with a blank line: tail {pieces[-1][-80:]!r}")
     frames = pieces[:-1] + ([pieces[-1]] if pieces[-1] else [])
-    done_at: int | None = None
-    for pos, frame in enumerate(frames):
-        lines = [ln for ln in frame.split("\n") if not ln.startswith(":")]
-        if not lines:
-            continue  # comment-only frame (keep-alive)
-        if "\r" in frame:
-            out.problems.append(f"frame {pos} contains a carriage return: {frame[:80]!r}")
-        data_lines = [ln for ln in lines if ln.startswith("data: ")]
-        if len(lines) != 1 or len(data_lines) != 1:
-            out.problems.append(f"frame {pos} is not a single 'data: ' line: {frame[:120]!r}")
-            if not data_lines:
-                continue
-        payload = data_lines[0][len("data: ") :]
+    seen_done = False
+    for pos, payload in _payloads(frames, out.problems):
         if payload == DONE:
             out.done_count += 1
-            done_at = pos if done_at is None else done_at
+            seen_done = True
             continue
-        if done_at is not None:
+        if seen_done:
             out.problems.append(f"frame {pos} arrives after data: [DONE]: {payload[:80]!r}")
         try:
             value = json.loads(payload)
@@ -80,3 +89,37 @@ def parse_sse(body: bytes) -> SseStream:
     elif out.done_count > 1:
         out.problems.append(f"data: [DONE] sent {out.done_count} times")
     return out
+
+
+class SseDecoder:
+    """:func:`parse_sse`'s framing, incrementally: :meth:`feed` the body's bytes as they
+    arrive and get the payloads (JSON text, or ``[DONE]``) of the frames completed so far.
+    Framing problems collect in :attr:`problems`; call :meth:`close` at the end. Payloads
+    are not interpreted (the caller decides what a stream must hold)."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self._buf = b""
+        self._frames = 0
+
+    def feed(self, data: bytes) -> list[str]:
+        """Take the next bytes of the body; return the payloads of newly completed frames."""
+        head, sep, self._buf = (self._buf + data).rpartition(b"\n\n")
+        if not sep:
+            return []
+        try:
+            frames = head.decode("utf-8").split("\n\n")
+        except UnicodeDecodeError as exc:
+            self.problems.append(f"SSE body is not UTF-8: {exc}")
+            return []
+        first, self._frames = self._frames, self._frames + len(frames)
+        return [payload for _, payload in _payloads(frames, self.problems, first)]
+
+    def close(self) -> list[str]:
+        """The body ended: an unterminated tail is a problem, and is read as a last frame (as
+        :func:`parse_sse` does); returns its payload, if any."""
+        if not self._buf:
+            return []
+        self.problems.append(f"SSE body does not end with a blank line: tail {self._buf[-80:]!r}")
+        tail, self._buf = self._buf, b""
+        return self.feed(tail + b"\n\n")

@@ -20,14 +20,19 @@ from typing import Any
 import trio
 
 from smg_trio import __version__
+from smg_trio.connector.client import ENGINE_SILENCE_DEATH_TIMEOUT_S
 from smg_trio.gateway.config import (
+    DEFAULT_HOST,
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_SEQUENCES_PER_REQUEST,
+    DEFAULT_PORT,
     DEFAULT_QUEUE_SIZE,
     DEFAULT_QUEUE_TIMEOUT_S,
     DEFAULT_WRITE_TIMEOUT_S,
     REQUEST_TOKENS_CONTEXTS,
 )
+from smg_trio.transport.handshake import READY_TIMEOUT_S
+from smg_trio.worker.policies import DEFAULT_POLICY, POLICY_NAMES
 
 __all__ = ["main"]
 
@@ -105,19 +110,22 @@ def _seconds(*, allow_zero: bool, allow_inf: bool = False) -> Callable[[str], fl
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    # serve/__init__ (the HTTP app) is heavy; the mock-engine and conformance paths skip it
+    from smg_trio.serve.config import DEFAULT_SHUTDOWN_GRACE_PERIOD_S
+
     g = p.add_argument_group("gateway")
-    g.add_argument("--host", default="127.0.0.1", help="HTTP bind host (default %(default)s)")
+    g.add_argument("--host", default=DEFAULT_HOST, help="HTTP bind host (default %(default)s)")
     g.add_argument(
         "--port",
         type=_int_at_least(0, 65535),
-        default=8080,
+        default=DEFAULT_PORT,
         help="HTTP port; 0 picks a free one (default %(default)s)",
     )
     g.add_argument("--served-model-name", help="model id clients send (default: the model path)")
     g.add_argument(
         "--policy",
-        default="round_robin",
-        choices=["round_robin", "random", "least_load", "power_of_two"],
+        default=DEFAULT_POLICY,
+        choices=POLICY_NAMES,
         help="load-balancing policy across workers of a model (default %(default)s)",
     )
     g.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on inference endpoints")
@@ -200,19 +208,19 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--worker-startup-timeout-secs",
         type=_seconds(allow_zero=False),
-        default=600.0,
+        default=READY_TIMEOUT_S,
         help="per-stage engine handshake deadline in seconds (default %(default)s)",
     )
     g.add_argument(
         "--engine-silence-timeout-secs",
         type=_seconds(allow_zero=False, allow_inf=True),
-        default=300.0,
+        default=ENGINE_SILENCE_DEATH_TIMEOUT_S,
         help="fail in-flight requests after this long without engine output (default %(default)s)",
     )
     g.add_argument(
         "--shutdown-grace-period-secs",
         type=_seconds(allow_zero=True),
-        default=30.0,
+        default=DEFAULT_SHUTDOWN_GRACE_PERIOD_S,
         help="on SIGINT/SIGTERM, how long in-flight requests may finish (default %(default)s)",
     )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -221,14 +229,22 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The argument parser. Every parser and subparser takes ``allow_abbrev=False``: a flag is
+    only its full name (as in smg's clap parser), so an abbreviation can neither slip past the
+    env and config layers (they skip the flags the command line names) nor change its meaning
+    when a flag is added."""
+    from smg_trio.serve.config import DEFAULT_WORKER_BASE_PORT
+
     p = argparse.ArgumentParser(
         prog="python -m smg_trio",
+        allow_abbrev=False,
         description="An OpenAI-compatible gateway that drives vLLM and TokenSpeed engines over ZMQ.",
     )
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser(
         "serve",
+        allow_abbrev=False,
         help="launch headless engines and the gateway",
         description="Launch --dp-size headless engines as child processes and serve them. "
         "Engine arguments go after '--'. Every flag also reads SMG_TRIO_<FLAG> from the environment.",
@@ -247,7 +263,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--worker-base-port",
         type=_int_at_least(1, 65535),
-        default=31000,
+        default=DEFAULT_WORKER_BASE_PORT,
         help="first worker port (default %(default)s)",
     )
     s.add_argument(
@@ -262,6 +278,7 @@ def _parser() -> argparse.ArgumentParser:
 
     la = sub.add_parser(
         "launch",
+        allow_abbrev=False,
         help="run only the gateway, for engines started elsewhere",
         description="Bind each worker's sockets and wait for its engines to dial in.",
     )
@@ -286,19 +303,34 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--zmq-handshake-address", help="tcp:// handshake override (single worker)")
     _common(la)
 
-    sub.add_parser("mock-engine", help="run the mock engine (see --help)", add_help=False)
-    sub.add_parser("conformance", help="run the conformance runner (see --help)", add_help=False)
-    sub.add_parser("version", help="print the version")
+    sub.add_parser(
+        "mock-engine", help="run the mock engine (see --help)", add_help=False, allow_abbrev=False
+    )
+    sub.add_parser(
+        "conformance",
+        help="run the conformance runner (see --help)",
+        add_help=False,
+        allow_abbrev=False,
+    )
+    sub.add_parser("version", help="print the version", allow_abbrev=False)
     return p
 
 
 def _apply_env_and_file(
     parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]
 ) -> None:
-    """Precedence: command line > SMG_TRIO_<FLAG> env > --config file > defaults."""
+    """Precedence: command line > SMG_TRIO_<FLAG> env > --config file > defaults.
+
+    A flag with aliases (``--dp-size``/``--data-parallel-size``) reads the variable and the file
+    key of each of its names, its first name first. ``SMG_TRIO_CONFIG`` names the file when
+    ``--config`` does not. The command line's flags are whole names (``allow_abbrev=False``),
+    so the flags it names are exactly those argparse set."""
     file_values: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        path = Path(args.config)
+    config = getattr(args, "config", None)
+    if config is None and hasattr(args, "config"):
+        config = args.config = os.environ.get(_ENV_PREFIX + "CONFIG")
+    if config:
+        path = Path(config)
         text = path.read_text()
         file_values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
@@ -309,12 +341,12 @@ def _apply_env_and_file(
             continue
         if any(o in given for o in action.option_strings):
             continue
-        env = os.environ.get(_ENV_PREFIX + action.dest.upper())
-        raw: Any = env if env is not None else file_values.get(action.dest)
-        if raw is None:
+        found = _env_or_file(action, file_values)
+        if found is None:
             continue
+        source, raw = found
         if isinstance(action, argparse._StoreTrueAction):
-            raw = _flag_bool(subparser, action, raw)
+            raw = _flag_bool(subparser, action, raw, source)
         elif action.nargs == "+" and isinstance(raw, str):
             raw = raw.split(",")
         elif action.type is not None and isinstance(raw, (str, int, float)):
@@ -322,19 +354,36 @@ def _apply_env_and_file(
                 raw = action.type(str(raw))  # type: ignore[operator,unused-ignore]
             except (argparse.ArgumentTypeError, ValueError) as exc:
                 subparser.error(
-                    f"argument {'/'.join(action.option_strings)}: {exc} "
-                    f"(from {_ENV_PREFIX + action.dest.upper()} or --config)"
+                    f"argument {'/'.join(action.option_strings)}: {exc} (from {source})"
                 )
         if action.choices is not None and raw not in action.choices:
             choices = ", ".join(map(repr, action.choices))
             subparser.error(
                 f"argument {'/'.join(action.option_strings)}: invalid choice: {raw!r} "
-                f"(from {_ENV_PREFIX + action.dest.upper()} or --config; choose from {choices})"
+                f"(from {source}; choose from {choices})"
             )
         setattr(args, action.dest, raw)
 
 
-def _flag_bool(parser: argparse.ArgumentParser, action: argparse.Action, raw: Any) -> bool:
+def _env_or_file(action: argparse.Action, file_values: dict[str, Any]) -> tuple[str, Any] | None:
+    """``(where, value)`` of a flag not on the command line: its SMG_TRIO_<NAME> variable, else
+    its config-file key, trying each of the flag's names in order; None when neither is set."""
+    names = dict.fromkeys(
+        [action.dest, *(o.lstrip("-").replace("-", "_") for o in action.option_strings)]
+    )
+    for name in names:
+        env = os.environ.get(_ENV_PREFIX + name.upper())
+        if env is not None:
+            return _ENV_PREFIX + name.upper(), env
+    for name in names:
+        if file_values.get(name) is not None:
+            return f"--config key {name!r}", file_values[name]
+    return None
+
+
+def _flag_bool(
+    parser: argparse.ArgumentParser, action: argparse.Action, raw: Any, source: str
+) -> bool:
     """An on/off flag's env or config-file value: a bool, or 1/0, true/false, yes/no, on/off."""
     if isinstance(raw, bool):
         return raw
@@ -345,7 +394,7 @@ def _flag_bool(parser: argparse.ArgumentParser, action: argparse.Action, raw: An
         return False
     parser.error(
         f"argument {'/'.join(action.option_strings)}: expected true or false, got {raw!r} "
-        f"(from {_ENV_PREFIX + action.dest.upper()} or --config)"
+        f"(from {source})"
     )
 
 

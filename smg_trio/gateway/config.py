@@ -12,11 +12,16 @@ __all__ = [
     "DEFAULT_WRITE_TIMEOUT_S",
     "REQUEST_TOKENS_CONTEXTS",
     "DEFAULT_REQUEST_ID_HEADERS",
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
     "GatewayHttpConfig",
 ]
 
 #: smg's default ``--request-id-headers``: the first one present names the request.
 DEFAULT_REQUEST_ID_HEADERS = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")
+#: Where the gateway listens unless told otherwise (``--host``/``--port``): loopback only.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
 
 # The abuse limits' defaults, in one place (the CLI, ``GatewayConfig`` and embedding read
 # them from here). See docs/security.md#limits.

@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import attrs
 
+from smg_trio.connector.client import ENGINE_SILENCE_DEATH_TIMEOUT_S
 from smg_trio.gateway.config import (
+    DEFAULT_HOST,
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_SEQUENCES_PER_REQUEST,
+    DEFAULT_PORT,
     DEFAULT_QUEUE_SIZE,
     DEFAULT_QUEUE_TIMEOUT_S,
     DEFAULT_WRITE_TIMEOUT_S,
 )
+from smg_trio.transport.handshake import READY_TIMEOUT_S
+from smg_trio.worker.policies import DEFAULT_POLICY
 
-__all__ = ["EngineLaunchConfig", "GatewayConfig"]
+__all__ = [
+    "DEFAULT_SHUTDOWN_GRACE_PERIOD_S",
+    "DEFAULT_WORKER_BASE_PORT",
+    "EngineLaunchConfig",
+    "GatewayConfig",
+]
+
+# The defaults below and those imported above are the CLI's too (smg_trio/cli.py reads them).
+#: On SIGINT/SIGTERM, how long in-flight requests may finish (``--shutdown-grace-period-secs``).
+DEFAULT_SHUTDOWN_GRACE_PERIOD_S = 30.0
+#: The first port of the workers ``serve`` launches (``--worker-base-port``).
+DEFAULT_WORKER_BASE_PORT = 31000
 
 
 @attrs.frozen
@@ -23,7 +39,7 @@ class EngineLaunchConfig:
     backend: str = "mock"
     model: str | None = None
     dp_size: int = 1
-    worker_base_port: int = 31000
+    worker_base_port: int = DEFAULT_WORKER_BASE_PORT
     engine_args: tuple[str, ...] = ()
     socket_dir: str | None = None
     python: str | None = None
@@ -49,15 +65,15 @@ class GatewayConfig:
     The request limits mean what :class:`~smg_trio.gateway.config.GatewayHttpConfig` says.
     """
 
-    host: str = "127.0.0.1"
-    port: int = 8080
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
     worker_urls: tuple[str, ...] = ()
     backend: str = "vllm"
     model_path: str | None = None
     served_model_name: str | None = None
     zmq_engine_count: int = 1
     zmq_handshake_address: str | None = None
-    policy: str = "round_robin"
+    policy: str = DEFAULT_POLICY
     api_key: str | None = None
     admin_api_key: str | None = None
     reasoning_parser: str | None = None
@@ -68,9 +84,9 @@ class GatewayConfig:
     queue_size: int = DEFAULT_QUEUE_SIZE
     queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
-    worker_startup_timeout_s: float = 600.0
-    engine_silence_timeout_s: float = 300.0
-    shutdown_grace_period_s: float = 30.0
+    worker_startup_timeout_s: float = READY_TIMEOUT_S
+    engine_silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S
+    shutdown_grace_period_s: float = DEFAULT_SHUTDOWN_GRACE_PERIOD_S
     engines: EngineLaunchConfig | None = None
     allow_insecure_admin: bool = False
     allowed_socket_dirs: tuple[str, ...] = ()

@@ -29,7 +29,7 @@ from smg_trio.tokenizer.modeldir import ModelDir
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.topology import HandshakeSocket, bind_handshake_socket
 from smg_trio.worker.confine import WorkerConfinement, escape, require_printable
-from smg_trio.worker.policies import LoadBalancingPolicy, make_policy
+from smg_trio.worker.policies import DEFAULT_POLICY, LoadBalancingPolicy, make_policy
 from smg_trio.worker.registry import Worker, WorkerConflictError, WorkerRegistry
 from smg_trio.workflow import (
     StepDefinition,
@@ -218,7 +218,7 @@ class WorkerManager:
         self,
         nursery: trio.Nursery,
         *,
-        policy: str = "round_robin",
+        policy: str = DEFAULT_POLICY,
         ready_timeout_s: float = READY_TIMEOUT_S,
         silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,

@@ -145,9 +145,8 @@ class PowerOfTwoPolicy:
 #: Valid ``make_policy`` names, sorted.
 POLICY_NAMES: Final = ("least_load", "power_of_two", "random", "round_robin")
 
-#: smg defaults to ``cache_aware``, which is not implemented here yet; ``least_load`` is the
-#: closest load-aware policy.
-DEFAULT_POLICY: Final = "least_load"
+#: ``--policy`` unset. smg defaults to ``cache_aware``, which is not implemented here yet.
+DEFAULT_POLICY: Final = "round_robin"
 
 
 def make_policy(name: str, *, seed: int | None = None) -> LoadBalancingPolicy:

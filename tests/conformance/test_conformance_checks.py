@@ -13,7 +13,7 @@ from conformance.case import CaseResult, Result
 from conformance.checks import error_problems, names_field, stream_problems, usage_problems
 from conformance.client import Reply
 from conformance.report import table_row, to_json, to_junit
-from conformance.sse import parse_sse
+from conformance.sse import SseDecoder, parse_sse
 
 
 def _sse(*payloads: object) -> bytes:
@@ -62,6 +62,36 @@ def test_parse_sse_accepts_openai_stream_with_keepalive() -> None:
 def test_parse_sse_reports_framing_problems(body: bytes, needle: str) -> None:
     problems = parse_sse(body).problems
     assert any(needle in p for p in problems), problems
+
+
+def test_sse_decoder_gives_the_same_frames_at_any_split() -> None:
+    """Fed byte by byte (a split inside a multi-byte character and between the two newlines
+    included), the decoder returns each payload once its frame is complete."""
+    body = b": ping\n\n" + _sse({"a": "\u00e9\u4e2d"}, {"b": 2}, "[DONE]")
+    decoder = SseDecoder()
+    seen: list[str] = []
+    for i in range(len(body)):
+        seen += decoder.feed(body[i : i + 1])
+    decoder.close()
+    assert decoder.problems == []
+    assert [json.loads(p) for p in seen[:2]] == [{"a": "\u00e9\u4e2d"}, {"b": 2}]
+    assert seen[2:] == ["[DONE]"]
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"event: x\ndata: {}\n\n", "frame 1 is not a single 'data: ' line"),
+        (b'data: {"a":1}\r\n\r\n', "carriage return"),
+        (b'data: {"a":1}', "does not end with a blank line"),
+    ],
+)
+def test_sse_decoder_reports_framing_problems(body: bytes, needle: str) -> None:
+    decoder = SseDecoder()
+    decoder.feed(b"data: {}\n\n")
+    decoder.feed(body)
+    decoder.close()
+    assert any(needle in p for p in decoder.problems), decoder.problems
 
 
 def test_stream_problems_accepts_interleaved_n2_with_usage() -> None:

@@ -12,9 +12,8 @@ import trio.testing
 from smg_trio.errors import RequestStreamClosed
 from smg_trio.mock.engine import MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses
-
-from .conftest import (
-    IO_DEADLINE_S,
+from tests.helpers.deadlines import IO_DEADLINE_S
+from tests.helpers.engines import (
     PROTOCOLS,
     ProtocolName,
     RawEngine,

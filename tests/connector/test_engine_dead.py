@@ -22,9 +22,8 @@ from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.vllm import VllmProtocol
 from smg_trio.transport import engine_side, topology
-
-from .conftest import (
-    IO_DEADLINE_S,
+from tests.helpers.deadlines import IO_DEADLINE_S
+from tests.helpers.engines import (
     PROTOCOLS,
     READY_TIMEOUT_S,
     ProtocolName,

@@ -12,9 +12,8 @@ from smg_trio.errors import ClientClosed, DuplicateRequestId, RequestStreamClose
 from smg_trio.mock.engine import MockEngineConfig, MockRequest
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.types import EngineOutput
-
-from .conftest import (
-    IO_DEADLINE_S,
+from tests.helpers.deadlines import IO_DEADLINE_S
+from tests.helpers.engines import (
     PROTOCOLS,
     ProtocolName,
     RawEngine,

@@ -12,8 +12,7 @@ import trio
 
 from smg_trio.connector import open_engine_client
 from smg_trio.protocol.addresses import WorkerAddresses
-
-from .conftest import PROTOCOLS, ProtocolName, make_protocol, request
+from tests.helpers.engines import PROTOCOLS, ProtocolName, make_protocol, request
 
 #: Starting a Python process that imports numpy/zmq/msgspec can take seconds on a busy machine.
 SUBPROCESS_DEADLINE_S = 60.0

@@ -15,16 +15,8 @@ from smg_trio.mock.engine import MockEngineConfig, MockRequest
 from smg_trio.protocol import vllm
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.types import EngineLoad
-
-from .conftest import (
-    IO_DEADLINE_S,
-    RawEngine,
-    raw_serving,
-    request,
-    serving,
-    vllm_output,
-    wait_until,
-)
+from tests.helpers.deadlines import IO_DEADLINE_S
+from tests.helpers.engines import RawEngine, raw_serving, request, serving, vllm_output, wait_until
 
 LONG = 100_000  # max_tokens of a request that outlives the test
 

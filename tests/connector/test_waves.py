@@ -11,16 +11,8 @@ import trio
 from smg_trio.connector.routing import WaveClock
 from smg_trio.mock.engine import MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses
-
-from .conftest import (
-    IO_DEADLINE_S,
-    RawEngine,
-    raw_serving,
-    request,
-    serving,
-    vllm_output,
-    wait_until,
-)
+from tests.helpers.deadlines import IO_DEADLINE_S
+from tests.helpers.engines import RawEngine, raw_serving, request, serving, vllm_output, wait_until
 
 ADD = b"\x00"
 START_DP_WAVE = b"\x02"

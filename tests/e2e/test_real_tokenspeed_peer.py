@@ -25,8 +25,7 @@ from peers.tools import (
 from smg_trio.connector import EngineClient, open_engine_client
 from smg_trio.protocol import GenerateRequest, SamplingOptions
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
-
-from .conftest import ipc_worker, log_tail, require_e2e
+from tests.helpers.e2e import ipc_worker, log_tail, require_e2e
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -19,16 +19,15 @@ from smg_trio.connector import EngineClient, open_engine_client
 from smg_trio.protocol import EngineOutput, GenerateRequest, SamplingOptions
 from smg_trio.protocol.vllm import VllmProtocol
 from smg_trio.tokenizer.eos import resolve_eos
-
-from .conftest import (
+from tests.helpers.e2e import (
     ENGINE_STARTUP_S,
-    TrioPortal,
     assert_alive,
     handshake_port,
     ipc_worker,
     process_group,
     require_e2e,
 )
+from tests.helpers.portal import TrioPortal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -34,17 +34,17 @@ from peers.tools import (
     vllm_engine_env,
     vllm_missing_reason,
 )
-
-from .conftest import (
+from tests.helpers.e2e import (
     ENGINE_STARTUP_S,
     assert_alive,
-    free_port,
     handshake_port,
     ipc_worker,
     process_group,
     require_e2e,
     wait_http,
 )
+from tests.helpers.ports import free_port
+from tests.helpers.sse import sse_chunks as parse_chunks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -191,21 +191,9 @@ def chat_body(content: str = "Hello there", **extra: Any) -> dict[str, Any]:
 
 
 def sse_chunks(client: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    chunks: list[dict[str, Any]] = []
-    done = 0
     with client.stream("POST", path, json=body) as resp:
         assert resp.status_code == 200, resp.read().decode(errors="replace")
-        for line in resp.iter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                done += 1
-                continue
-            assert done == 0, "data after [DONE]"
-            chunks.append(json.loads(data))
-    assert done == 1, f"expected one [DONE], got {done}"
-    return chunks
+        return parse_chunks(resp.read())
 
 
 # --------------------------------------------------------------------------- smg_trio

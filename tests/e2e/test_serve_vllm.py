@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from peers.tools import peer_paths, vllm_engine_env, vllm_missing_reason
+from tests.helpers.e2e import ENGINE_STARTUP_S, log_tail, require_e2e, wait_http
+from tests.helpers.ports import free_port
 from tests.helpers.procs import alive, descendants
-
-from .conftest import ENGINE_STARTUP_S, free_port, log_tail, require_e2e, wait_http
 
 openai = pytest.importorskip("openai")
 

@@ -16,12 +16,10 @@ import trio
 from peers.tools import smg_launch_command, smg_missing_reason
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.tokenizer import Tokenizer
-
-from .conftest import (
+from tests.helpers.e2e import (
     HTTP_READY_S,
     assert_alive,
     chat,
-    free_port,
     http_client,
     ipc_worker,
     log_tail,
@@ -29,6 +27,7 @@ from .conftest import (
     require_e2e,
     stream_chat,
 )
+from tests.helpers.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

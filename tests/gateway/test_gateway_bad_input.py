@@ -14,8 +14,8 @@ import trio
 
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.fastroute import InferenceRoutes
-from tests.gateway.conftest import DEADLINE_S, HarnessFactory
 from tests.gateway.test_gateway_rejections import assert_envelope, assert_untouched
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory
 
 #: ``"\\ud800"`` inside JSON text: an escaped lone surrogate, valid for Python's json.loads.
 LONE = '"\\ud800"'

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from smg_trio.mock.engine import MockRequest
-from tests.gateway.conftest import DEADLINE_S, Harness, HarnessFactory, steps_of
+from tests.helpers.gateway import DEADLINE_S, Harness, HarnessFactory, steps_of
 
 HI = [{"role": "user", "content": "hi"}]
 EOS = 2  # <|im_end|>: config.json's eos_token_id

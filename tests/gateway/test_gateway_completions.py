@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from smg_trio.mock.engine import MockRequest
-from tests.gateway.conftest import DEADLINE_S, HarnessFactory, steps_of
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
 
 EOS = 2
 

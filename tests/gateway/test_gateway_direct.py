@@ -10,7 +10,8 @@ import pytest
 import trio
 
 from smg_trio.gateway.server.direct import DirectSocket
-from tests.gateway.conftest import DEADLINE_S, HarnessFactory, RawSSE, steps_of
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
+from tests.helpers.raw_sse import RawSSE
 
 
 class WriteSpy:

@@ -19,7 +19,7 @@ import trio
 import trio.testing
 
 from smg_trio.gateway.config import GatewayHttpConfig
-from tests.gateway.conftest import HarnessFactory
+from tests.helpers.gateway import HarnessFactory
 
 #: Generous for a loopback round trip on a loaded 2-core machine; a wedged connection never
 #: answers at all.

@@ -21,8 +21,9 @@ from smg_trio.mock.engine import MockEngine, MockEngineConfig, MockRequest
 from smg_trio.protocol.addresses import worker_addresses
 from smg_trio.protocol.vllm import RequestError, VllmProtocol
 from smg_trio.tokenizer import Tokenizer
-from tests.gateway.conftest import DEADLINE_S, HarnessFactory, parse_sse, steps_of
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
 from tests.helpers.ipc import free_handshake_address
+from tests.helpers.sse import sse_events
 
 PAUSED = RequestError("engine_paused", "Generation is paused. Please retry after it resumes.", True)
 CHAT = {"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -132,6 +133,6 @@ async def test_streamed_retryable_error_is_an_sse_error_event(harness: HarnessFa
     with trio.fail_after(DEADLINE_S):
         async with harness(error_finish=lambda r: PAUSED) as h:
             r = await h.http.post("/v1/chat/completions", json={**CHAT, "stream": True})
-            events = parse_sse(r.text)
+            events = sse_events(r.text)
             assert events[-2]["error"]["code"] == "engine_paused"
             assert events[-1] == "[DONE]"

@@ -12,15 +12,9 @@ import pytest
 import trio
 
 from smg_trio.mock.engine import MockRequest
-from tests.gateway.conftest import (
-    DEADLINE_S,
-    Harness,
-    HarnessFactory,
-    RawSSE,
-    content_indices,
-    steps_of,
-)
 from tests.gateway.test_gateway_chat import assert_stream_shape, chat_body
+from tests.helpers.gateway import DEADLINE_S, Harness, HarnessFactory, content_indices, steps_of
+from tests.helpers.raw_sse import RawSSE
 
 #: The issue's bound: every sub-request is aborted within one second of a disconnect.
 ABORT_WITHIN_S = 1.0

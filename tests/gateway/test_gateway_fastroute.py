@@ -15,9 +15,9 @@ import trio.testing
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.app import gateway_of
 from smg_trio.gateway.http.fastroute import InferenceRoutes
-from tests.gateway.conftest import DEADLINE_S, HarnessFactory
 from tests.gateway.test_gateway_early_reject import _Reader, _request_head
 from tests.gateway.test_gateway_rejections import assert_envelope
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory
 
 CHAT = "/v1/chat/completions"
 JSON = {"content-type": "application/json"}

@@ -15,8 +15,8 @@ from smg_trio.gateway.http.app import serve_http
 from smg_trio.gateway.openai.capabilities import render_capabilities
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.vllm import VllmProtocol
-from tests.gateway.conftest import DEADLINE_S, HarnessFactory, steps_of
 from tests.gateway.test_gateway_rejections import assert_envelope
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
 
 
 async def test_models(harness: HarnessFactory) -> None:

@@ -19,8 +19,9 @@ from smg_trio.gateway.config import REQUEST_TOKENS_CONTEXTS, GatewayHttpConfig
 from smg_trio.gateway.http import app as gateway_app
 from smg_trio.gateway.http.call import TOKENIZE_OFFLOAD_BYTES
 from smg_trio.tokenizer import Tokenizer
-from tests.gateway.conftest import DEADLINE_S, HarnessFactory, RawSSE
 from tests.gateway.test_gateway_direct import WriteSpy
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory
+from tests.helpers.raw_sse import RawSSE
 
 MAIN = threading.main_thread().ident
 CHAT = "/v1/chat/completions"

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import trio
 
-from tests.gateway.conftest import DEADLINE_S, Harness, HarnessFactory
+from tests.helpers.gateway import DEADLINE_S, Harness, HarnessFactory
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -13,7 +13,7 @@ from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.call import Gateway
 from smg_trio.gateway.http.metrics import GatewayMetrics
 from smg_trio.gateway.openai.fanout import sub_request_id
-from tests.gateway.conftest import DEADLINE_S, Harness, HarnessFactory, steps_of
+from tests.helpers.gateway import DEADLINE_S, Harness, HarnessFactory, steps_of
 
 #: (x-request-id, endpoint, n): ``1`` fans out to the ids ``1-0``/``1-1`` would have, and the
 #: others collide with those or with each other's sub-request ids.

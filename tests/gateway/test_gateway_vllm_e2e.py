@@ -29,9 +29,11 @@ from smg_trio.gateway.http.app import create_app, serve_http
 from smg_trio.protocol.addresses import worker_addresses
 from smg_trio.protocol.vllm import VllmProtocol
 from smg_trio.tokenizer import Tokenizer, resolve_eos
-from tests.gateway.conftest import RawSSE, content_indices, parse_sse
 from tests.gateway.test_gateway_chat import assert_stream_shape
+from tests.helpers.gateway import content_indices
 from tests.helpers.ipc import free_handshake_address
+from tests.helpers.raw_sse import RawSSE
+from tests.helpers.sse import sse_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -55,7 +57,7 @@ async def _cases(http: httpx.AsyncClient, tok: Tokenizer, base_url: str, client:
         "/v1/chat/completions",
         json={**body, "stream": True, "stream_options": {"include_usage": True}},
     )
-    events = parse_sse(res.text)
+    events = sse_events(res.text)
     texts = assert_stream_shape(events, 1, usage=True)
     assert texts[0] == full["choices"][0]["message"]["content"]
     assert events[-2]["usage"] == usage
@@ -67,7 +69,7 @@ async def _cases(http: httpx.AsyncClient, tok: Tokenizer, base_url: str, client:
     assert [c["index"] for c in first["choices"]] == [0, 1]
     assert [c["message"] for c in first["choices"]] == [c["message"] for c in again["choices"]]
     res = await http.post("/v1/chat/completions", json={**body, "stream": True})
-    assert_stream_shape(parse_sse(res.text), 2)
+    assert_stream_shape(sse_events(res.text), 2)
 
     # logprobs: chat top-k, completions legacy shape, echo with real prompt logprobs
     res = await http.post(

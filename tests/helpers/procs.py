@@ -1,11 +1,15 @@
-"""/proc scans for tests: a process's descendants (across process groups) and liveness."""
+"""Processes in tests: /proc scans (a process's descendants across process groups, liveness),
+waiting for processes to be gone, and killing what a test left behind."""
 
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
-__all__ = ["alive", "descendants", "engine_pids"]
+import trio
+
+__all__ = ["alive", "descendants", "engine_pids", "kill_leftovers", "wait_all_gone"]
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -56,3 +60,21 @@ def engine_pids(root: int) -> set[int]:
     """:func:`descendants` of ``root`` without the engine guards (``serve/guard.py``): the
     engine processes themselves and their children."""
     return {pid for pid in descendants(root) if not _runs_guard(pid)}
+
+
+async def wait_all_gone(pids: set[int], timeout_s: float = 5.0) -> set[int]:
+    """Poll until every pid is gone; returns the survivors after ``timeout_s``."""
+    with trio.move_on_after(timeout_s):
+        while any(alive(p) for p in pids):  # noqa: ASYNC110 (polling /proc)
+            await trio.sleep(0.05)
+    return {p for p in pids if alive(p)}
+
+
+async def kill_leftovers(proc: trio.Process, pids: set[int]) -> None:
+    """Test cleanup: kill ``proc`` if it still runs, and every pid of ``pids`` still alive."""
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)

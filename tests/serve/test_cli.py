@@ -3,10 +3,12 @@ command builders against smg's launcher (wire-spec §9), handshake-collision rej
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from smg_trio.mock.tiny_model import default_tiny_model_dir
@@ -80,6 +82,86 @@ def test_alias_flag_counts_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SMG_TRIO_DP_SIZE", "4")
     assert _args(["serve", "--data-parallel-size", "2"]).dp_size == 2  # type: ignore[attr-defined]
     assert _args(["serve"]).dp_size == 4  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "value"),
+    [
+        (["launch", "--por", "9000"], ("SMG_TRIO_PORT", "8000"), "--por"),
+        (["serve", "--dp", "2"], ("SMG_TRIO_DP_SIZE", "4"), "--dp"),
+        (["serve", "--allow-insecure"], ("SMG_TRIO_ALLOW_INSECURE_ADMIN", "0"), "--allow-insecure"),
+    ],
+    ids=["port", "alias", "boolean"],
+)
+def test_abbreviated_flag_is_an_error_not_overridden_by_env(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    env: tuple[str, str],
+    value: str,
+) -> None:
+    """Issue 17 finding 7: argparse took ``--por 9000`` for ``--port`` while the env layer,
+    not seeing ``--port`` given, let SMG_TRIO_PORT=8000 win. Abbreviations are refused now."""
+    monkeypatch.setenv(*env)
+    with pytest.raises(SystemExit) as exc:
+        _args(argv)
+    assert exc.value.code == 2
+    assert value in capsys.readouterr().err
+
+
+def test_every_parser_refuses_abbreviations() -> None:
+    parser = cli._parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert parser.allow_abbrev is False
+    assert {name: p.allow_abbrev for name, p in sub.choices.items()} == dict.fromkeys(
+        sub.choices, False
+    )
+
+
+def test_alias_precedence_cli_over_env_over_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both names of an aliased flag: either spelling on the command line beats either env
+    variable, the first name's variable beats the alias's, and env beats either file key."""
+    cfg = tmp_path / "gw.json"
+    cfg.write_text(json.dumps({"data_parallel_size": 5}))
+    assert _args(["serve", "--config", str(cfg)]).dp_size == 5  # type: ignore[attr-defined]
+    monkeypatch.setenv("SMG_TRIO_DATA_PARALLEL_SIZE", "3")
+    assert _args(["serve", "--config", str(cfg)]).dp_size == 3  # type: ignore[attr-defined]
+    monkeypatch.setenv("SMG_TRIO_DP_SIZE", "4")
+    assert _args(["serve", "--config", str(cfg)]).dp_size == 4  # type: ignore[attr-defined]
+    assert _args(["serve", "--data-parallel-size=2"]).dp_size == 2  # type: ignore[attr-defined]
+    assert _args(["serve", "--dp-size", "6"]).dp_size == 6  # type: ignore[attr-defined]
+
+
+def test_precedence_for_boolean_and_list_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """File < env < command line for an on/off flag and a list flag; SMG_TRIO_CONFIG names
+    the file when --config does not."""
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text('allow_insecure_admin = true\nallowed_engine_hosts = ["10.0.0.1"]\n')
+    monkeypatch.setenv("SMG_TRIO_CONFIG", str(cfg))
+    args = _args(["serve"])
+    assert args.allow_insecure_admin is True  # type: ignore[attr-defined]
+    assert args.allowed_engine_hosts == ["10.0.0.1"]  # type: ignore[attr-defined]
+    monkeypatch.setenv("SMG_TRIO_ALLOW_INSECURE_ADMIN", "off")
+    monkeypatch.setenv("SMG_TRIO_ALLOWED_ENGINE_HOSTS", "10.0.0.2,10.0.0.3")
+    args = _args(["serve"])
+    assert args.allow_insecure_admin is False  # type: ignore[attr-defined]
+    assert args.allowed_engine_hosts == ["10.0.0.2", "10.0.0.3"]  # type: ignore[attr-defined]
+    args = _args(["serve", "--allow-insecure-admin", "--allowed-engine-hosts", "10.0.0.4"])
+    assert args.allow_insecure_admin is True  # type: ignore[attr-defined]
+    assert args.allowed_engine_hosts == ["10.0.0.4"]  # type: ignore[attr-defined]
+
+
+def test_bad_file_value_names_its_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "gw.json"
+    cfg.write_text(json.dumps({"data_parallel_size": 0}))
+    with pytest.raises(SystemExit) as exc:
+        _args(["serve", "--config", str(cfg)])
+    assert exc.value.code == 2
+    assert "--config key 'data_parallel_size'" in capsys.readouterr().err
 
 
 def test_env_value_outside_choices_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -411,3 +493,40 @@ def test_limit_flags_reach_the_gateway_config(monkeypatch: pytest.MonkeyPatch) -
     assert http.queue_size == 7
     assert http.queue_timeout_s == 0
     assert http.write_timeout_s == 5
+
+
+def test_cli_defaults_are_the_config_defaults() -> None:
+    """Issue 17: one source per default. A bare ``launch`` or ``serve`` yields exactly the
+    config classes' defaults, and those the worker manager's and the HTTP front's."""
+    import inspect
+
+    from smg_trio.gateway.config import GatewayHttpConfig
+    from smg_trio.serve import _http_config
+    from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
+    from smg_trio.worker.manager import WorkerManager
+
+    model = str(default_tiny_model_dir())
+    launch = cli._config_from_args(
+        _args(["launch", "--worker-urls", "ipc:///tmp/x/w0", "--model-path", model]),  # type: ignore[arg-type]
+        [],
+    )
+    assert launch == GatewayConfig(worker_urls=("ipc:///tmp/x/w0",), model_path=model)
+    served = cli._config_from_args(_args(["serve", "--backend", "mock", "--model", model]), [])  # type: ignore[arg-type]
+    assert served.engines is not None
+    assert served == GatewayConfig(
+        model_path=model,
+        served_model_name="mock-tiny",
+        engines=EngineLaunchConfig(
+            backend="mock", model=model, engine_args=served.engines.engine_args
+        ),
+    )
+    manager = inspect.signature(WorkerManager).parameters
+    defaults = GatewayConfig()
+    assert manager["policy"].default == defaults.policy
+    assert manager["ready_timeout_s"].default == defaults.worker_startup_timeout_s
+    assert manager["silence_timeout_s"].default == defaults.engine_silence_timeout_s
+    http, front = _http_config(defaults), GatewayHttpConfig()
+    shared = set(attrs.fields_dict(GatewayConfig)) & set(attrs.fields_dict(GatewayHttpConfig))
+    # max_n (16 here, 10 in GatewayHttpConfig) is unified by its own change (issue 17, 4)
+    for name in sorted(shared - {"max_n"}):
+        assert getattr(http, name) == getattr(front, name), name

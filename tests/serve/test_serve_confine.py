@@ -18,8 +18,7 @@ import pytest
 import trio
 
 from tests.helpers.ipc import free_handshake_address
-
-from .conftest import random_worker_base_port
+from tests.helpers.ports import random_worker_base_port
 
 httpx = pytest.importorskip("httpx")
 

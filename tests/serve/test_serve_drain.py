@@ -17,14 +17,9 @@ import pytest
 import trio
 
 from smg_trio.serve.launcher import ENGINE_STOP_GRACE_S
-
-from .conftest import (
-    descendants,
-    free_port,
-    kill_leftovers,
-    random_worker_base_port,
-    wait_all_gone,
-)
+from tests.helpers.ports import free_port, random_worker_base_port
+from tests.helpers.procs import descendants, kill_leftovers, wait_all_gone
+from tests.helpers.sse import sse_payloads
 
 httpx = pytest.importorskip("httpx")
 
@@ -82,11 +77,10 @@ async def test_grace_period_expiry_ends_requests_with_draining_errors(
         async def stream(client: httpx.AsyncClient) -> None:
             async with client.stream("POST", "/v1/chat/completions", json=_body(True)) as resp:
                 assert resp.status_code == 200
-                async for line in resp.aiter_lines():
-                    if line.startswith("data: "):
-                        events.append(line.removeprefix("data: "))
-                        if '"content"' in line:
-                            started.set()
+                async for data in sse_payloads(resp):
+                    events.append(data)
+                    if '"content"' in data:
+                        started.set()
 
         async def plain(client: httpx.AsyncClient) -> None:
             resp = await client.post("/v1/chat/completions", json=_body(False))

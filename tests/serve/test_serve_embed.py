@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from .conftest import descendants, random_worker_base_port, wait_all_gone
+from tests.helpers.ports import random_worker_base_port
+from tests.helpers.procs import descendants, wait_all_gone
 
 pytest.importorskip("smg_trio.gateway.http.app", reason="the HTTP app has not landed yet")
 httpx = pytest.importorskip("httpx")

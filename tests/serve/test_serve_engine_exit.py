@@ -19,7 +19,9 @@ import pytest
 import trio
 import trio.testing
 
-from .conftest import engine_pids, random_worker_base_port, wait_all_gone
+from tests.helpers.ports import random_worker_base_port
+from tests.helpers.procs import engine_pids, wait_all_gone
+from tests.helpers.sse import sse_payloads
 
 httpx = pytest.importorskip("httpx")
 
@@ -83,13 +85,10 @@ async def test_engine_sigkill_fails_inflight_stream_from_process_exit(sock_dir: 
                 client.stream("POST", "/v1/chat/completions", json=body) as resp,
             ):
                 assert resp.status_code == 200, (await resp.aread()).decode()
-                lines = resp.aiter_lines()
                 killed_at: float | None = None
-                async for line in lines:
-                    if not line.startswith("data: "):
-                        continue
-                    events.append(line.removeprefix("data: "))
-                    if killed_at is None and '"content"' in line:
+                async for data in sse_payloads(resp):
+                    events.append(data)
+                    if killed_at is None and '"content"' in data:
                         os.kill(engine_pid, signal.SIGKILL)
                         killed_at = trio.current_time()
                 ended_at = trio.current_time()

@@ -12,14 +12,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from .conftest import (
-    descendants,
-    engine_pids,
-    free_port,
-    kill_leftovers,
-    random_worker_base_port,
-    wait_all_gone,
-)
+from tests.helpers.ports import free_port, random_worker_base_port
+from tests.helpers.procs import descendants, engine_pids, kill_leftovers, wait_all_gone
 
 pytest.importorskip("smg_trio.gateway.http.app", reason="the HTTP app has not landed yet")
 openai = pytest.importorskip("openai")

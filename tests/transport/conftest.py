@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 
 import pytest
-import zmq
 
-from smg_trio.transport.zsocket import ZmqSocket, zmq_context
 from tests.helpers.ipc import IpcNamespace
-
-#: Every I/O test runs under this absolute deadline (seconds).
-IO_DEADLINE_S = 10.0
-
-RawSocketFactory = Callable[..., ZmqSocket]
+from tests.helpers.sockets import RawSocketFactory
+from tests.helpers.sockets import raw_socket as make_raw_socket
 
 
 @pytest.fixture
@@ -28,26 +24,4 @@ def raw_socket() -> Iterator[RawSocketFactory]:
     """A factory for wrapped sockets closed at teardown:
     ``raw_socket(zmq.DEALER, connect=addr, identity=b"\\x00\\x00", **sockopts)``."""
     with contextlib.ExitStack() as stack:
-
-        def make(
-            socket_type: int,
-            *,
-            connect: str | None = None,
-            bind: str | None = None,
-            identity: bytes | None = None,
-            **options: int,
-        ) -> ZmqSocket:
-            sock = zmq_context().socket(socket_type)
-            wrapped = ZmqSocket(sock)
-            stack.callback(wrapped.close)
-            if identity is not None:
-                sock.setsockopt(zmq.IDENTITY, identity)
-            for name, value in options.items():
-                sock.setsockopt(getattr(zmq, name), value)
-            if bind is not None:
-                sock.bind(bind)
-            if connect is not None:
-                sock.connect(connect)
-            return wrapped
-
-        yield make
+        yield partial(make_raw_socket, stack)

@@ -17,9 +17,9 @@ from smg_trio.protocol.handshake import (
     encode_init,
 )
 from smg_trio.transport import bind_worker_sockets, engine_index, run_handshake
+from tests.helpers.deadlines import IO_DEADLINE_S
 from tests.helpers.ipc import IpcNamespace
-
-from .conftest import IO_DEADLINE_S, RawSocketFactory
+from tests.helpers.sockets import RawSocketFactory
 
 CAPTURE = Path(__file__).parent.parent / "data" / "vllm0.32.0_engine_wire.jsonl"
 

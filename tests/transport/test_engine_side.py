@@ -11,9 +11,9 @@ import zmq
 from smg_trio.errors import UnexpectedHandshakeMessage
 from smg_trio.protocol.handshake import EngineCoreReadyResponse, encode_ready_response
 from smg_trio.transport import bind_worker_sockets, dial_frontend, run_handshake
+from tests.helpers.deadlines import IO_DEADLINE_S
 from tests.helpers.ipc import IpcNamespace
-
-from .conftest import IO_DEADLINE_S, RawSocketFactory
+from tests.helpers.sockets import RawSocketFactory
 
 REGISTRATION = encode_ready_response(
     EngineCoreReadyResponse(

@@ -34,10 +34,10 @@ from smg_trio.transport import (
     run_handshake,
 )
 from smg_trio.transport.zsocket import ZmqSocket
+from tests.helpers.deadlines import IO_DEADLINE_S
 from tests.helpers.hostile import open_raw_peer
 from tests.helpers.ipc import IpcNamespace
-
-from .conftest import IO_DEADLINE_S, RawSocketFactory
+from tests.helpers.sockets import RawSocketFactory
 
 #: Short per-receive deadline for the timeout tests (real sockets, so a real clock).
 SHORT_S = 0.2

@@ -14,9 +14,9 @@ import zmq
 from smg_trio.errors import EngineError, SocketDirError
 from smg_trio.protocol.addresses import worker_addresses
 from smg_trio.transport.topology import bind_worker_sockets
+from tests.helpers.deadlines import IO_DEADLINE_S
 from tests.helpers.ipc import IpcNamespace
-
-from .conftest import IO_DEADLINE_S, RawSocketFactory
+from tests.helpers.sockets import RawSocketFactory
 
 # Sync helpers: tiny local filesystem checks, kept out of the async tests (ASYNC230/240).
 

@@ -12,9 +12,9 @@ import trio.testing
 import zmq
 
 from smg_trio.transport.zsocket import ZmqSocket, zmq_context
+from tests.helpers.deadlines import IO_DEADLINE_S
 from tests.helpers.ipc import IpcNamespace
-
-from .conftest import IO_DEADLINE_S, RawSocketFactory
+from tests.helpers.sockets import RawSocketFactory
 
 
 def _push_pull(

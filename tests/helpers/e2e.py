@@ -1,0 +1,159 @@
+"""Shared plumbing for the real-peer (e2e) lane: the lane's gate (:func:`require_e2e`), ipc
+worker addresses, process groups stopped whole, readiness waits, and chat requests.
+
+Processes are started in their own session (process group) and stopped by group (SIGTERM,
+then SIGKILL) when the block ends, so nothing outlives a test, even a failing one. Everything
+listens on 127.0.0.1; ipc paths live in short ``/tmp/smg-*`` directories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from peers.tools import start_process_group, stop_process_group
+from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
+from tests.helpers.sse import sse_chunks
+
+__all__ = [
+    "E2E_ENV",
+    "ENGINE_STARTUP_S",
+    "HTTP_READY_S",
+    "INSTALL_HINT",
+    "assert_alive",
+    "chat",
+    "handshake_port",
+    "http_client",
+    "ipc_worker",
+    "log_tail",
+    "process_group",
+    "require_e2e",
+    "stream_chat",
+    "wait_http",
+]
+
+E2E_ENV = "SMG_TRIO_E2E"
+INSTALL_HINT = "install the peers with: bash scripts/setup_peers.sh"
+#: A vLLM engine registers 40-100 s after launch on a 2-core machine.
+ENGINE_STARTUP_S = 240.0
+#: Once up, everything answers within seconds.
+HTTP_READY_S = 60.0
+
+
+def require_e2e(*reasons: str | None) -> None:
+    """Skip the calling test/fixture unless ``SMG_TRIO_E2E=1`` and every reason is None."""
+    if os.environ.get(E2E_ENV) != "1":
+        pytest.skip(f"real-peer lane is off: set {E2E_ENV}=1 ({INSTALL_HINT})")
+    for reason in reasons:
+        if reason:
+            pytest.skip(f"real peer missing: {reason}; {INSTALL_HINT}")
+
+
+@contextlib.contextmanager
+def ipc_worker(name: str = "engine-1") -> Iterator[WorkerAddresses]:
+    """A short ``ipc:///tmp/smg-XXXX/<name>`` worker URL and its derived addresses."""
+    directory = tempfile.mkdtemp(prefix="smg-")
+    try:
+        yield worker_addresses(f"ipc://{directory}/{name}")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def handshake_port(addresses: WorkerAddresses) -> int:
+    return int(addresses.handshake.rsplit(":", 1)[1])
+
+
+def log_tail(path: Path, chars: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "<no log>"
+
+
+@contextlib.contextmanager
+def process_group(
+    cmd: Sequence[str],
+    *,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``cmd`` in its own process group for the block; always stop the whole group."""
+    proc = start_process_group(cmd, env=env, log_path=log_path, cwd=cwd)
+    try:
+        yield proc
+    finally:
+        stop_process_group(proc)
+
+
+def assert_alive(proc: subprocess.Popen[bytes], log_path: Path, what: str) -> None:
+    if proc.poll() is not None:
+        raise AssertionError(f"{what} exited with {proc.returncode}:\n{log_tail(log_path)}")
+
+
+def wait_http(
+    url: str,
+    proc: subprocess.Popen[bytes],
+    log_path: Path,
+    *,
+    timeout: float,
+    what: str,
+    ok: Callable[[httpx.Response], bool] = lambda r: r.status_code == 200,
+    also: Callable[[], None] = lambda: None,
+) -> None:
+    """Poll ``url`` (sync) until ``ok``; fail early, with the log, if ``proc`` dies (``also``
+    runs each round too, e.g. to check the engine process)."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        assert_alive(proc, log_path, what)
+        also()
+        try:
+            r = httpx.get(url, timeout=5.0)
+            if ok(r):
+                return
+            last = f"{r.status_code} {r.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(1.0)
+    raise AssertionError(
+        f"{what} not ready at {url} after {timeout}s ({last}):\n{log_tail(log_path)}"
+    )
+
+
+async def chat(
+    client: httpx.AsyncClient, model: str, content: str = "Hello there", **extra: Any
+) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+    return await client.post("/v1/chat/completions", json=body)
+
+
+async def stream_chat(
+    client: httpx.AsyncClient, model: str, content: str = "Hello there", **extra: Any
+) -> list[dict[str, Any]]:
+    """POST a streaming chat completion and return its parsed SSE chunks (without [DONE])."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "stream": True,
+        **extra,
+    }
+    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200, (await resp.aread()).decode(errors="replace")
+        return sse_chunks(await resp.aread())
+
+
+@contextlib.asynccontextmanager
+async def http_client(base_url: str, timeout: float = 60.0) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
+        yield client
