@@ -22,6 +22,7 @@ import trio
 from smg_trio import __version__
 from smg_trio.gateway.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_N,
     DEFAULT_MAX_SEQUENCES_PER_REQUEST,
     DEFAULT_QUEUE_SIZE,
     DEFAULT_QUEUE_TIMEOUT_S,
@@ -155,7 +156,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-n",
         type=_int_at_least(1),
-        default=16,
+        default=DEFAULT_MAX_N,
         help="largest n accepted (default %(default)s)",
     )
     g.add_argument(

@@ -6,6 +6,7 @@ import attrs
 
 from smg_trio.gateway.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_N,
     DEFAULT_MAX_SEQUENCES_PER_REQUEST,
     DEFAULT_QUEUE_SIZE,
     DEFAULT_QUEUE_TIMEOUT_S,
@@ -61,7 +62,7 @@ class GatewayConfig:
     api_key: str | None = None
     admin_api_key: str | None = None
     reasoning_parser: str | None = None
-    max_n: int = 16
+    max_n: int = DEFAULT_MAX_N
     max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST
     max_tokens_per_request: int | None = None
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS

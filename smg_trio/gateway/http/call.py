@@ -20,6 +20,7 @@ from werkzeug.exceptions import HTTPException
 from smg_trio.backend import GatewayBackend, NoWorkerAvailable, ServedModel, WorkerLease
 from smg_trio.connector.client import EngineClient
 from smg_trio.errors import EngineError
+from smg_trio.exc_groups import is_cancellation
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.admission import AdmissionGate
 from smg_trio.gateway.http.metrics import GatewayMetrics
@@ -353,16 +354,8 @@ class RequestCall:
         """Close from a context exit: a cancellation is the client going away (499)."""
         if exc is None:
             self.close(200)
-        elif _is_cancel(exc):
+        elif is_cancellation(exc):
             self.close(499, "client_disconnected")
         else:
             err = to_api_error(exc)
             self.close(err.status, err.detail.code, exc)
-
-
-def _is_cancel(exc: BaseException) -> bool:
-    if isinstance(exc, trio.Cancelled):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_is_cancel(e) for e in exc.exceptions)
-    return False
