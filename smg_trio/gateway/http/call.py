@@ -181,6 +181,7 @@ class RequestCall:
         self, gw: Gateway, request: Request | AsgiRequest, endpoint: str, id_prefix: str
     ) -> None:
         self.gw = gw
+        self.config = gw.config
         self.endpoint = endpoint
         self.request = request
         self.request_id = gw.request_id(request)
