@@ -24,6 +24,7 @@ from smg_trio.exc_groups import is_cancellation
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.admission import AdmissionGate
 from smg_trio.gateway.http.metrics import GatewayMetrics
+from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.errors import (
     ApiError,
     EngineRequestFailed,
@@ -181,7 +182,6 @@ class RequestCall:
         self, gw: Gateway, request: Request | AsgiRequest, endpoint: str, id_prefix: str
     ) -> None:
         self.gw = gw
-        self.config = gw.config
         self.endpoint = endpoint
         self.request = request
         self.request_id = gw.request_id(request)
@@ -243,10 +243,11 @@ class RequestCall:
             return fn()
         return await trio.to_thread.run_sync(fn, limiter=self.gw.tokenizer_limiter)
 
-    def reserve_engine_id(self) -> str:
-        """The engine request id base: the response id plus a gateway-unique suffix."""
+    def reserve_ids(self) -> ResponseIds:
+        """The response's ids, with a fresh engine request id base: the response id plus a
+        gateway-unique suffix."""
         self.engine_id = self.gw.engine_id(self.response_id)
-        return self.engine_id
+        return ResponseIds(self.response_id, self.created, self.engine_id)
 
     def lease(self, model_id: str) -> WorkerLease:
         """Take a worker for this request (503 when none); released by :meth:`close`."""

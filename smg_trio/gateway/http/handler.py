@@ -1,5 +1,5 @@
-"""The one handler skeleton of the inference routes: body, model, plan, lease, submit, then
-a stream or one JSON result; every failure is the OpenAI error envelope."""
+"""The one handler skeleton of the inference routes: body, model, check, tokenize, build,
+lease, submit, then a stream or one JSON result; every failure is the OpenAI envelope."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
     try:
         body = await call.read_body(api.body_type)
         served = call.gw.resolve_model(body.model)
-        job = await api.plan(body, served, call)
+        draft = api.check(body, served, call.gw.config)
+        tokens = await call.tokenize(draft.tokenize)
+        job = draft.build(tokens, call.reserve_ids())
         call.subs = job.subs
         call.prompt_tokens = job.prompt_tokens
         if job.answered:  # every choice finished without the engine

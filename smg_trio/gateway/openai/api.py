@@ -1,11 +1,12 @@
-"""The seam between the HTTP handler skeleton and an API module: ``InferenceApi`` plans a
-decoded body into a ``Job``, asking the request only what ``RequestScope`` offers."""
+"""The seam between the HTTP handler skeleton and an API module: an ``InferenceApi`` checks a
+decoded body into a ``Draft``, which tokenizes and builds a ``Job`` to submit and render."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
+import attrs
 import msgspec
 
 from smg_trio.backend import ServedModel
@@ -15,32 +16,31 @@ from smg_trio.gateway.openai.framing import StreamRenderer
 from smg_trio.gateway.openai.schemas import SamplingRequest
 from smg_trio.gateway.openai.textgen import ChoiceCollector
 
-__all__ = ["InferenceApi", "Job", "RequestScope"]
+__all__ = ["Draft", "InferenceApi", "Job", "ResponseIds"]
 
 T = TypeVar("T")
 B = TypeVar("B", bound=SamplingRequest)
 
 
-class RequestScope(Protocol):
-    """What a planner may ask of the request it plans (``RequestCall`` is one)."""
+@attrs.frozen
+class ResponseIds:
+    """The ids of one response: its ``id`` and ``created``, and the engine request id base
+    (the response id plus a gateway-unique suffix)."""
 
-    @property
-    def response_id(self) -> str:
-        """The response's ``id`` (``chatcmpl-...``)."""
+    response_id: str
+    created: int
+    engine_id: str
 
-    @property
-    def created(self) -> int:
-        """The response's ``created`` (Unix seconds)."""
 
-    @property
-    def config(self) -> GatewayHttpConfig:
-        """The gateway's limits."""
+class Draft(Protocol[T]):
+    """A checked request, before its prompt is tokenized."""
 
-    async def tokenize(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` (template rendering, encoding) inline or in a worker thread."""
+    def tokenize(self) -> T:
+        """Render and encode the prompt (may run in a worker thread: touches nothing else)."""
 
-    def reserve_engine_id(self) -> str:
-        """The engine request id base, unique whatever the client sent."""
+    def build(self, tokens: T, ids: ResponseIds) -> Job:
+        """The sub-requests of the tokenized prompt; raises a 400 error for one that cannot
+        be served (context length, token budget, what the engine's wire cannot carry)."""
 
 
 class Job(Protocol):
@@ -91,6 +91,6 @@ class InferenceApi(Protocol[B]):
     def body_type(self) -> type[B]:
         """The request body's schema."""
 
-    async def plan(self, body: B, served: ServedModel, scope: RequestScope) -> Job:
-        """Validate ``body`` for ``served``, tokenize its prompt and build its sub-requests;
-        raises ``ValidationError``/``UnsupportedField`` (a 400) for what cannot be served."""
+    def check(self, body: B, served: ServedModel, config: GatewayHttpConfig) -> Draft[Any]:
+        """Validate ``body`` for ``served`` (all that needs no tokenizing); raises
+        ``ValidationError``/``UnsupportedField`` (a 400) for what cannot be served."""

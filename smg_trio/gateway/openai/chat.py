@@ -12,7 +12,8 @@ from msgspec import UNSET
 
 from smg_trio.backend import ServedModel
 from smg_trio.errors import ValidationError
-from smg_trio.gateway.openai.api import RequestScope
+from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.fanout import SubRequest, usage_of
 from smg_trio.gateway.openai.framing import ChunkFramer
 from smg_trio.gateway.openai.logprobs import chat_logprobs, merge_runs, prompt_logprobs
@@ -27,6 +28,7 @@ from smg_trio.gateway.openai.schemas import (
 from smg_trio.gateway.openai.textgen import ChoiceCollector, ChoicePipeline, TextDelta
 from smg_trio.gateway.openai.translate import (
     LogprobRequest,
+    Plan,
     build_plan,
     build_requests,
     check_prompt_fits,
@@ -36,7 +38,7 @@ from smg_trio.gateway.openai.translate import (
     resolve_max_tokens,
 )
 
-__all__ = ["CHAT", "ChatApi", "ChatJob", "ChatStreamRenderer"]
+__all__ = ["CHAT", "ChatApi", "ChatDraft", "ChatJob", "ChatStreamRenderer"]
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -128,39 +130,54 @@ class ChatApi:
     id_prefix = "chatcmpl-"
     body_type = ChatCompletionRequest
 
-    async def plan(
-        self, body: ChatCompletionRequest, served: ServedModel, scope: RequestScope
-    ) -> ChatJob:
-        """Check the messages and fields, render the template, tokenize, and build the
-        ``n`` sub-requests (seed ``+i``, the context left as ``max_tokens`` when unset)."""
+    def check(
+        self, body: ChatCompletionRequest, served: ServedModel, config: GatewayHttpConfig
+    ) -> ChatDraft:
+        """Check the messages and every field that needs no tokenizing."""
         _check_messages(body.messages)
         _check_chat_fields(body)
-        config = scope.config
         k = (body.top_logprobs or 0) if body.logprobs else None
-        prompt_k = body.prompt_logprobs
         mct = body.max_completion_tokens
         plan = build_plan(
             body,
             served,
             config,
             max_tokens=mct if mct is not None else body.max_tokens,
-            logprobs=LogprobRequest(k=k, param="top_logprobs", prompt_k=prompt_k),
+            logprobs=LogprobRequest(k=k, param="top_logprobs", prompt_k=body.prompt_logprobs),
         )
-        tok = served.tokenizer
+        return ChatDraft(body=body, served=served, config=config, plan=plan, top_logprobs=k)
 
-        def prepare() -> tuple[str, list[int]]:
-            prompt = tok.apply_chat_template(
-                body.messages,
-                tools=body.tools,
-                documents=body.documents,
-                add_generation_prompt=body.add_generation_prompt is not False,
-                continue_final_message=bool(body.continue_final_message),
-                chat_template_kwargs=body.chat_template_kwargs,
-            )
-            check_prompt_fits(plan, served, len(prompt), "messages")
-            return prompt, tok.encode(prompt)
 
-        prompt, prompt_ids = await scope.tokenize(prepare)
+@attrs.frozen(kw_only=True)
+class ChatDraft:
+    """A checked chat request (see :class:`~smg_trio.gateway.openai.api.Draft`)."""
+
+    body: ChatCompletionRequest
+    served: ServedModel
+    config: GatewayHttpConfig
+    plan: Plan
+    top_logprobs: int | None
+
+    def tokenize(self) -> tuple[str, list[int]]:
+        """The rendered chat template and its token ids (refused before encoding when it
+        cannot fit the context)."""
+        body, tok = self.body, self.served.tokenizer
+        prompt = tok.apply_chat_template(
+            body.messages,
+            tools=body.tools,
+            documents=body.documents,
+            add_generation_prompt=body.add_generation_prompt is not False,
+            continue_final_message=bool(body.continue_final_message),
+            chat_template_kwargs=body.chat_template_kwargs,
+        )
+        check_prompt_fits(self.plan, self.served, len(prompt), "messages")
+        return prompt, tok.encode(prompt)
+
+    def build(self, tokens: tuple[str, list[int]], ids: ResponseIds) -> ChatJob:
+        """The ``n`` sub-requests (seed ``+i``; the context left as ``max_tokens`` when
+        unset), within the request's token budget."""
+        prompt, prompt_ids = tokens
+        body, served, config, plan = self.body, self.served, self.config, self.plan
         if not prompt_ids:
             raise ValidationError("the rendered prompt is empty", param="messages")
         engine_max, limit = resolve_max_tokens(plan, served, len(prompt_ids), "messages")
@@ -169,19 +186,20 @@ class ChatApi:
             served,
             limit * plan.n,
             plan.n,
-            "max_completion_tokens" if mct is not None else "max_tokens",
+            "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
         )
         reasoning = reasoning_tags(served.reasoning_parser or config.reasoning_parser, prompt)
         requests = build_requests(
             plan,
             served,
             prompt_ids,
-            base_id=scope.reserve_engine_id(),
+            base_id=ids.engine_id,
             first_index=0,
             total=plan.n,
             max_tokens=engine_max,
         )
         params = choice_params(plan, limit, reasoning)
+        tok = served.tokenizer
         opts = body.stream_options
         return ChatJob(
             subs=[
@@ -191,15 +209,14 @@ class ChatApi:
             prompt_tokens=len(prompt_ids),
             stream=bool(body.stream),
             data_parallel_rank=plan.data_parallel_rank,
-            response_id=scope.response_id,
-            created=scope.created,
+            ids=ids,
             served=served,
-            top_logprobs=k,
+            top_logprobs=self.top_logprobs,
             include_usage=bool(opts and opts.include_usage),
             continuous_usage=bool(opts and opts.continuous_usage_stats),
             reasoning=reasoning is not None,
             prompt_ids=prompt_ids,
-            prompt_k=prompt_k,
+            prompt_k=body.prompt_logprobs,
         )
 
 
@@ -215,8 +232,7 @@ class ChatJob:
     prompt_tokens: int
     stream: bool
     data_parallel_rank: int | None
-    response_id: str
-    created: int
+    ids: ResponseIds
     served: ServedModel
     top_logprobs: int | None
     include_usage: bool
@@ -247,8 +263,8 @@ class ChatJob:
                 lps = chat_logprobs(tok, merge_runs(collected.logprobs[i]), k)
             choices.append(ChatChoice(i, message, lps, p.finish_reason, p.stop_reason))
         out = ChatCompletion(
-            id=self.response_id,
-            created=self.created,
+            id=self.ids.response_id,
+            created=self.ids.created,
             model=self.served.model_id,
             choices=choices,
             usage=usage_of(self.prompt_tokens, self.subs),
@@ -267,7 +283,7 @@ class ChatStreamRenderer:
 
     def __init__(self, job: ChatJob) -> None:
         self._framer = ChunkFramer(
-            job.response_id, "chat.completion.chunk", job.created, job.served.model_id
+            job.ids.response_id, "chat.completion.chunk", job.ids.created, job.served.model_id
         )
         self._tok = job.served.tokenizer
         self._subs: Sequence[SubRequest] = job.subs

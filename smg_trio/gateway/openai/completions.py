@@ -14,7 +14,8 @@ from msgspec import UNSET
 
 from smg_trio.backend import ServedModel
 from smg_trio.errors import ValidationError
-from smg_trio.gateway.openai.api import RequestScope
+from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.fanout import SubRequest, usage_of
 from smg_trio.gateway.openai.framing import ChunkFramer
 from smg_trio.gateway.openai.logprobs import (
@@ -34,6 +35,7 @@ from smg_trio.gateway.openai.schemas import (
 from smg_trio.gateway.openai.textgen import ChoiceCollector, ChoiceParams, ChoicePipeline, TextDelta
 from smg_trio.gateway.openai.translate import (
     LogprobRequest,
+    Plan,
     build_plan,
     build_requests,
     check_prompt_fits,
@@ -46,6 +48,7 @@ from smg_trio.tokenizer import Tokenizer
 
 __all__ = [
     "COMPLETIONS",
+    "CompletionDraft",
     "CompletionJob",
     "CompletionStreamRenderer",
     "CompletionsApi",
@@ -114,13 +117,11 @@ class CompletionsApi:
     id_prefix = "cmpl-"
     body_type = CompletionRequest
 
-    async def plan(
-        self, body: CompletionRequest, served: ServedModel, scope: RequestScope
-    ) -> CompletionJob:
-        """Check the fields, tokenize (or check) each prompt, and build ``n`` sub-requests
-        per prompt. An echo-only request that needs no prompt logprobs is answered here."""
+    def check(
+        self, body: CompletionRequest, served: ServedModel, config: GatewayHttpConfig
+    ) -> CompletionDraft:
+        """Check every field that needs no tokenizing."""
         echo_only = _check_fields(body)
-        config = scope.config
         lpr = _logprob_request(body)
         plan = build_plan(
             body,
@@ -130,22 +131,48 @@ class CompletionsApi:
             logprobs=lpr,
             prompts=count_prompts(body.prompt),
         )
-        tok = served.tokenizer
+        return CompletionDraft(
+            body=body,
+            served=served,
+            config=config,
+            plan=plan,
+            echo_only=echo_only,
+            prompt_k=lpr.prompt_k,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class CompletionDraft:
+    """A checked completions request (see :class:`~smg_trio.gateway.openai.api.Draft`)."""
+
+    body: CompletionRequest
+    served: ServedModel
+    config: GatewayHttpConfig
+    plan: Plan
+    echo_only: bool
+    prompt_k: int | None
+
+    def tokenize(self) -> list[list[int]]:
+        """Each prompt's token ids (see :func:`~smg_trio.gateway.openai.prompts.parse_prompts`)."""
+        plan, served = self.plan, self.served
 
         def fits(size: int, param: str, is_ids: bool) -> None:
             (check_token_ids_fit if is_ids else check_prompt_fits)(plan, served, size, param)
 
-        prompts = await scope.tokenize(
-            lambda: parse_prompts(body.prompt, tok, config.max_prompts, fits)
-        )
+        return parse_prompts(self.body.prompt, served.tokenizer, self.config.max_prompts, fits)
+
+    def build(self, prompts: list[list[int]], ids: ResponseIds) -> CompletionJob:
+        """``n`` sub-requests per prompt, within the request's token budget. An echo-only
+        request that needs no prompt logprobs is answered: its choices are finished."""
+        body, served, plan, echo_only = self.body, self.served, self.plan, self.echo_only
+        tok = served.tokenizer
         n = plan.n
         total = len(prompts) * n
-        base = scope.reserve_engine_id()
         params_cache: dict[int, ChoiceParams] = {}
         subs: list[SubRequest] = []
         budget = 0
-        for p, ids in enumerate(prompts):
-            engine_max, limit = resolve_max_tokens(plan, served, len(ids), "prompt")
+        for p, prompt_ids in enumerate(prompts):
+            engine_max, limit = resolve_max_tokens(plan, served, len(prompt_ids), "prompt")
             budget += limit * n
             if echo_only:
                 limit = 0
@@ -155,30 +182,29 @@ class CompletionsApi:
             reqs = build_requests(
                 plan,
                 served,
-                ids,
-                base_id=base,
+                prompt_ids,
+                base_id=ids.engine_id,
                 first_index=p * n,
                 total=total,
                 max_tokens=engine_max,
             )
             subs += [
-                SubRequest(r, ChoicePipeline(p * n + i, tok, params, ids))
+                SubRequest(r, ChoicePipeline(p * n + i, tok, params, prompt_ids))
                 for i, r in enumerate(reqs)
             ]
-        check_token_budget(config, served, budget, total, "max_tokens")
-        answered = echo_only and lpr.prompt_k is None
+        check_token_budget(self.config, served, budget, total, "max_tokens")
+        answered = echo_only and self.prompt_k is None
         if answered:  # nothing to generate and nothing to ask the engine
             for sub in subs:
                 sub.pipeline.finish_reason = "length"
         opts = body.stream_options
         return CompletionJob(
             subs=subs,
-            prompt_tokens=sum(len(ids) for ids in prompts),
+            prompt_tokens=sum(len(p) for p in prompts),
             stream=bool(body.stream),
             data_parallel_rank=plan.data_parallel_rank,
             answered=answered,
-            response_id=scope.response_id,
-            created=scope.created,
+            ids=ids,
             served=served,
             n=n,
             logprobs=body.logprobs,
@@ -203,8 +229,7 @@ class CompletionJob:
     stream: bool
     data_parallel_rank: int | None
     answered: bool
-    response_id: str
-    created: int
+    ids: ResponseIds
     served: ServedModel
     n: int
     logprobs: int | None
@@ -216,7 +241,8 @@ class CompletionJob:
 
     def framer(self) -> ChunkFramer:
         """The chunk framer of this request's stream."""
-        return ChunkFramer(self.response_id, "text_completion", self.created, self.served.model_id)
+        ids = self.ids
+        return ChunkFramer(ids.response_id, "text_completion", ids.created, self.served.model_id)
 
     def renderer(self) -> CompletionStreamRenderer | _AnsweredRenderer:
         """The ``text_completion`` chunk renderer (of the whole stream when ``answered``)."""
@@ -227,8 +253,8 @@ class CompletionJob:
     def result(self, collected: ChoiceCollector | None) -> Completion:
         """The ``text_completion``: each choice's (echoed and) generated text and logprobs."""
         return Completion(
-            id=self.response_id,
-            created=self.created,
+            id=self.ids.response_id,
+            created=self.ids.created,
             model=self.served.model_id,
             choices=self.choices(collected),
             usage=usage_of(self.prompt_tokens, self.subs),
