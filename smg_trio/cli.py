@@ -21,9 +21,11 @@ import trio
 
 from smg_trio import __version__
 from smg_trio.connector.client import ENGINE_SILENCE_DEATH_TIMEOUT_S
+from smg_trio.exc_groups import leaves
 from smg_trio.gateway.config import (
     DEFAULT_HOST,
     DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_N,
     DEFAULT_MAX_SEQUENCES_PER_REQUEST,
     DEFAULT_PORT,
     DEFAULT_QUEUE_SIZE,
@@ -163,7 +165,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-n",
         type=_int_at_least(1),
-        default=16,
+        default=DEFAULT_MAX_N,
         help="largest n accepted (default %(default)s)",
     )
     g.add_argument(
@@ -536,12 +538,6 @@ async def _run_gateway(config: Any) -> None:
             watcher.cancel_scope.cancel()  # serve has stopped
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
-    return [exc]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -576,7 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as exc:  # report every leaf of an exception group, then exit non-zero
         if isinstance(exc, KeyboardInterrupt):
             return 130
-        for leaf in _leaves(exc):
+        for leaf in leaves(exc):
             if isinstance(leaf, (trio.Cancelled, KeyboardInterrupt)):
                 continue
             if isinstance(leaf, OSError) and leaf.errno == errno.EADDRINUSE:

@@ -99,6 +99,11 @@ class EngineClient:
     # -- introspection -------------------------------------------------------------------
 
     @property
+    def ranks(self) -> list[int]:
+        """The DP rank of each engine, in slot order (its ``index``, else its slot)."""
+        return self._router.indices
+
+    @property
     def ready_responses(self) -> list[EngineCoreReadyResponse]:
         """Each engine's registration, in HELLO order."""
         return [e.ready for e in self.engines]

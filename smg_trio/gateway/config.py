@@ -6,6 +6,7 @@ import attrs
 
 __all__ = [
     "DEFAULT_MAX_CONCURRENT_REQUESTS",
+    "DEFAULT_MAX_N",
     "DEFAULT_MAX_SEQUENCES_PER_REQUEST",
     "DEFAULT_QUEUE_SIZE",
     "DEFAULT_QUEUE_TIMEOUT_S",
@@ -25,11 +26,13 @@ DEFAULT_PORT = 8080
 
 # The abuse limits' defaults, in one place (the CLI, ``GatewayConfig`` and embedding read
 # them from here). See docs/security.md#limits.
+#: The largest ``n`` accepted (OpenAI allows 128); the CLI's ``--max-n`` default.
+DEFAULT_MAX_N = 16
 #: Most sequences (prompts x ``n``) one request may start: the default prompt limit, so every
 #: batch accepted before with ``n=1`` still is, while 128 prompts x ``n=16`` (2048) is not.
 DEFAULT_MAX_SEQUENCES_PER_REQUEST = 128
 #: ``max_tokens_per_request`` unset: this many times the model's context length, so that any
-#: request with ``n <= 16`` (the CLI's ``--max-n``) and no ``max_tokens`` still fits.
+#: request with ``n <= 16`` (:data:`DEFAULT_MAX_N`) and no ``max_tokens`` still fits.
 REQUEST_TOKENS_CONTEXTS = 16
 #: Inference requests served at once; above what the benchmark's 1000 concurrent streams need.
 DEFAULT_MAX_CONCURRENT_REQUESTS = 1024
@@ -54,8 +57,8 @@ def _positive(_: object, attr: attrs.Attribute[int], value: int) -> None:
 class GatewayHttpConfig:
     """Settings of :func:`~smg_trio.gateway.http.app.create_app`. All limits are inclusive.
 
-    - ``max_n``: the largest ``n`` accepted (default 10, as smg; OpenAI allows 128). Larger
-      ``n`` is a 400 naming ``n``.
+    - ``max_n``: the largest ``n`` accepted (default :data:`DEFAULT_MAX_N`). Larger ``n`` is
+      a 400 naming ``n``.
     - ``max_top_logprobs``: cap on chat ``top_logprobs`` and completions ``logprobs``
       (default 20, OpenAI's chat limit); the engine's own cap applies on top of it.
     - ``max_prompts``: most prompts in one batched ``/v1/completions`` request.
@@ -79,7 +82,7 @@ class GatewayHttpConfig:
       requests are ABORTed); applied by :func:`~smg_trio.gateway.http.app.serve_http`.
     """
 
-    max_n: int = attrs.field(default=10, validator=_positive)
+    max_n: int = attrs.field(default=DEFAULT_MAX_N, validator=_positive)
     max_top_logprobs: int = attrs.field(default=20)
     max_prompts: int = attrs.field(default=128, validator=_positive)
     max_body_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive)

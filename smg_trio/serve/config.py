@@ -8,6 +8,7 @@ from smg_trio.connector.client import ENGINE_SILENCE_DEATH_TIMEOUT_S
 from smg_trio.gateway.config import (
     DEFAULT_HOST,
     DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_N,
     DEFAULT_MAX_SEQUENCES_PER_REQUEST,
     DEFAULT_PORT,
     DEFAULT_QUEUE_SIZE,
@@ -77,7 +78,7 @@ class GatewayConfig:
     api_key: str | None = None
     admin_api_key: str | None = None
     reasoning_parser: str | None = None
-    max_n: int = 16
+    max_n: int = DEFAULT_MAX_N
     max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST
     max_tokens_per_request: int | None = None
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS

@@ -9,6 +9,7 @@ import httpx
 import pytest
 import trio
 
+from smg_trio.gateway.config import DEFAULT_MAX_N
 from tests.helpers.gateway import DEADLINE_S, Harness, HarnessFactory
 
 HI = [{"role": "user", "content": "hi"}]
@@ -48,7 +49,7 @@ CHAT_CASES: list[tuple[str, dict[str, Any], int, str | None]] = [
         "messages[0].content[0].type",
     ),
     ("B18h n=0", {"n": 0}, 400, "n"),
-    ("n over max", {"n": 11}, 400, "n"),
+    ("n over max", {"n": DEFAULT_MAX_N + 1}, 400, "n"),
     ("B18h temperature -1", {"temperature": -1}, 400, "temperature"),
     ("B18h top_p 1.5", {"top_p": 1.5}, 400, "top_p"),
     ("top_p 0", {"top_p": 0}, 400, "top_p"),
@@ -159,7 +160,7 @@ COMPLETION_CASES: list[tuple[str, dict[str, Any], int, str | None]] = [
     ("suffix", {"suffix": "tail"}, 400, "suffix"),
     ("logprobs 21", {"logprobs": 21}, 400, "logprobs"),
     ("B16e max_tokens string", {"max_tokens": "10"}, 400, "max_tokens"),
-    ("n 11", {"n": 11}, 400, "n"),
+    ("n over max", {"n": DEFAULT_MAX_N + 1}, 400, "n"),
     ("unknown model", {"model": "nope"}, 404, "model"),
     ("too many prompts", {"prompt": ["a"] * 129}, 400, "prompt"),
 ]

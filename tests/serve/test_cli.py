@@ -527,6 +527,5 @@ def test_cli_defaults_are_the_config_defaults() -> None:
     assert manager["silence_timeout_s"].default == defaults.engine_silence_timeout_s
     http, front = _http_config(defaults), GatewayHttpConfig()
     shared = set(attrs.fields_dict(GatewayConfig)) & set(attrs.fields_dict(GatewayHttpConfig))
-    # max_n (16 here, 10 in GatewayHttpConfig) is unified by its own change (issue 17, 4)
-    for name in sorted(shared - {"max_n"}):
+    for name in sorted(shared):
         assert getattr(http, name) == getattr(front, name), name

@@ -19,13 +19,12 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from smg_trio import __version__
 from smg_trio.backend import GatewayBackend
 from smg_trio.gateway.config import DEFAULT_WRITE_TIMEOUT_S, GatewayHttpConfig
-from smg_trio.gateway.http.call import JSON_TYPE, Gateway, RequestCall, json_response
-from smg_trio.gateway.http.chat import handle_chat
-from smg_trio.gateway.http.completions import handle_completions
-from smg_trio.gateway.http.fastroute import AsgiRequest, InferenceRoutes
+from smg_trio.gateway.http.call import JSON_TYPE, Gateway, json_response
+from smg_trio.gateway.http.fastroute import InferenceRoutes
 from smg_trio.gateway.http.health import health, liveness, readiness
 from smg_trio.gateway.http.metrics import GatewayMetrics
 from smg_trio.gateway.http.openapi import OPERATIONS, Operation, openapi_document
+from smg_trio.gateway.http.routes import Route, inference_routes
 from smg_trio.gateway.http.sse import StreamBody
 from smg_trio.gateway.openai.errors import ApiError, to_api_error
 from smg_trio.gateway.openai.models import model_detail, model_list
@@ -70,6 +69,15 @@ def _current() -> Request:
     return cast(Request, request._get_current_object())  # type: ignore[attr-defined]
 
 
+def _view(route: Route) -> Callable[[], Awaitable[Response]]:
+    """The Quart view of an inference route (it reads Quart's current request)."""
+
+    async def view() -> Response:
+        return await route(_current())
+
+    return view
+
+
 def gateway_of(app: QuartTrio) -> Gateway:
     """The :class:`~smg_trio.gateway.http.call.Gateway` of an app made by :func:`create_app`."""
     return cast(Gateway, app.extensions[GATEWAY_KEY])
@@ -110,34 +118,25 @@ def create_app(
     )
     app.extensions[GATEWAY_KEY] = gw
 
-    async def chat_route(req: Request | AsgiRequest) -> Response:
-        return await handle_chat(RequestCall(gw, req, "chat", "chatcmpl-"))
-
-    async def completions_route(req: Request | AsgiRequest) -> Response:
-        return await handle_completions(RequestCall(gw, req, "completions", "cmpl-"))
+    routes = inference_routes(gw)
 
     async def send_response(scope: Any, send: Any, response: Response) -> None:
         await _Connection(app, scope)._send_response(send, response)
 
-    # The hot routes skip Quart's per-request machinery; the Quart views below serve what the
-    # middleware does not take (e.g. the app mounted under a root path).
+    # The hot routes skip Quart's per-request machinery; Quart views of the same routes serve
+    # what the middleware does not take (e.g. the app mounted under a root path).
     app.asgi_app = RequestGuard(  # type: ignore[assignment,method-assign]
         InferenceRoutes(
             app.asgi_app,
-            {"/v1/chat/completions": chat_route, "/v1/completions": completions_route},
+            routes,
             send_response,
             max_body=config.max_body_bytes,
             body_timeout_s=config.body_timeout_s,
         )
     )
 
-    @app.post("/v1/chat/completions")
-    async def chat() -> Response:
-        return await chat_route(_current())
-
-    @app.post("/v1/completions")
-    async def completions() -> Response:
-        return await completions_route(_current())
+    for path, route in routes.items():
+        app.add_url_rule(path, path, _view(route), methods=["POST"])
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -20,9 +20,11 @@ from werkzeug.exceptions import HTTPException
 from smg_trio.backend import GatewayBackend, NoWorkerAvailable, ServedModel, WorkerLease
 from smg_trio.connector.client import EngineClient
 from smg_trio.errors import EngineError
+from smg_trio.exc_groups import is_cancellation
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.admission import AdmissionGate
 from smg_trio.gateway.http.metrics import GatewayMetrics
+from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.errors import (
     ApiError,
     EngineRequestFailed,
@@ -241,10 +243,11 @@ class RequestCall:
             return fn()
         return await trio.to_thread.run_sync(fn, limiter=self.gw.tokenizer_limiter)
 
-    def reserve_engine_id(self) -> str:
-        """The engine request id base: the response id plus a gateway-unique suffix."""
+    def reserve_ids(self) -> ResponseIds:
+        """The response's ids, with a fresh engine request id base: the response id plus a
+        gateway-unique suffix."""
         self.engine_id = self.gw.engine_id(self.response_id)
-        return self.engine_id
+        return ResponseIds(self.response_id, self.created, self.engine_id)
 
     def lease(self, model_id: str) -> WorkerLease:
         """Take a worker for this request (503 when none); released by :meth:`close`."""
@@ -353,16 +356,8 @@ class RequestCall:
         """Close from a context exit: a cancellation is the client going away (499)."""
         if exc is None:
             self.close(200)
-        elif _is_cancel(exc):
+        elif is_cancellation(exc):
             self.close(499, "client_disconnected")
         else:
             err = to_api_error(exc)
             self.close(err.status, err.detail.code, exc)
-
-
-def _is_cancel(exc: BaseException) -> bool:
-    if isinstance(exc, trio.Cancelled):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_is_cancel(e) for e in exc.exceptions)
-    return False

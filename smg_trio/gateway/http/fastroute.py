@@ -13,7 +13,7 @@ cancels the handler, which ABORTs every engine request it started.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
@@ -141,7 +141,7 @@ class InferenceRoutes:
     def __init__(
         self,
         app: ASGIApp,
-        routes: dict[str, Handler],
+        routes: Mapping[str, Handler],
         send_response: Sender,
         *,
         max_body: int | None,

@@ -1,4 +1,4 @@
-"""Server-sent events: chunk framing and the response body that drives the engine stream.
+"""The server-sent-event response body that drives the engine stream and writes its chunks.
 
 The body is a Quart ``ResponseBody`` (an async context manager), so the n>1 fan-out nursery is
 opened in ``__aenter__`` and closed in ``__aexit__`` by the task that writes the response: a
@@ -16,9 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Protocol
 
-import msgspec
 import trio
 from quart import Response
 from quart.wrappers.response import ResponseBody
@@ -26,69 +24,13 @@ from quart.wrappers.response import ResponseBody
 from smg_trio.connector.client import EngineClient
 from smg_trio.connector.stream import RequestStream
 from smg_trio.gateway.http.call import SSE_HEADERS, RequestCall
-from smg_trio.gateway.openai.errors import ErrorBody, to_api_error
+from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.gateway.openai.fanout import SubRequest, drive, take_outputs
-from smg_trio.gateway.openai.schemas import Usage
+from smg_trio.gateway.openai.framing import DONE, StreamRenderer, error_event
 from smg_trio.gateway.openai.textgen import TextDelta
 from smg_trio.gateway.server.direct import DirectSocket
 
-__all__ = ["DONE", "ChunkFramer", "StreamBody", "StreamRenderer", "error_event"]
-
-#: The stream terminator, sent exactly once, last.
-DONE = b"data: [DONE]\n\n"
-
-_encode = msgspec.json.encode
-
-
-def error_event(exc: BaseException) -> bytes:
-    """``data: {"error": {...}}`` for an error after the 200 was sent."""
-    return b"data: " + _encode(ErrorBody(to_api_error(exc).detail)) + b"\n\n"
-
-
-class ChunkFramer:
-    """Frames chunks of one stream: the constant ``id``/``object``/``created``/``model`` head
-    is encoded once; per chunk only the choice is encoded."""
-
-    __slots__ = ("_head",)
-
-    def __init__(self, stream_id: str, kind: str, created: int, model: str) -> None:
-        self._head = b"".join(
-            (
-                b'data: {"id":',
-                _encode(stream_id),
-                b',"object":"',
-                kind.encode(),
-                b'","created":',
-                str(created).encode(),
-                b',"model":',
-                _encode(model),
-                b',"choices":[',
-            )
-        )
-
-    def frame(self, choice: msgspec.Struct, usage: Usage | None = None) -> bytes:
-        """One ``data:`` event holding ``choice`` (and a running ``usage`` if given)."""
-        if usage is None:
-            return self._head + _encode(choice) + b"]}\n\n"
-        return self._head + _encode(choice) + b'],"usage":' + _encode(usage) + b"}\n\n"
-
-    def usage_frame(self, usage: Usage) -> bytes:
-        """The final usage chunk (``choices: []``)."""
-        return self._head + b'],"usage":' + _encode(usage) + b"}\n\n"
-
-
-class StreamRenderer(Protocol):
-    """Endpoint-specific chunk rendering."""
-
-    def start(self) -> bytes:
-        """Frames sent before any engine output (chat: one role chunk per choice)."""
-
-    def delta(self, sub: SubRequest, delta: TextDelta) -> bytes:
-        """Frames for one choice's delta; a delta with ``finish_reason`` ends that choice."""
-
-    def end(self) -> bytes:
-        """Frames after every choice finished (the usage chunk, if asked), before ``[DONE]``."""
-
+__all__ = ["StreamBody", "sse_response", "sse_whole"]
 
 _START, _RUN, _DONE = 0, 1, 2
 
@@ -351,6 +293,15 @@ class StreamBody(ResponseBody):
             await gen.__aexit__(None, None, None)
 
 
+def _event_stream(body: bytes | StreamBody, request_id: str) -> Response:
+    return Response(
+        body,
+        status=200,
+        content_type="text/event-stream; charset=utf-8",
+        headers={**SSE_HEADERS, "x-request-id": request_id},
+    )
+
+
 async def sse_response(
     call: RequestCall, client: EngineClient, subs: Sequence[SubRequest], renderer: StreamRenderer
 ) -> Response:
@@ -358,9 +309,11 @@ async def sse_response(
     A single choice is submitted to the engine here, before the response is sent."""
     body = StreamBody(call, client, subs, renderer)
     await body.submit()
-    return Response(
-        body,
-        status=200,
-        content_type="text/event-stream; charset=utf-8",
-        headers={**SSE_HEADERS, "x-request-id": call.request_id},
-    )
+    return _event_stream(body, call.request_id)
+
+
+def sse_whole(call: RequestCall, data: bytes) -> Response:
+    """The 200 ``text/event-stream`` response of a stream known in full before it is sent
+    (closes the call)."""
+    call.close(200)
+    return _event_stream(data, call.request_id)

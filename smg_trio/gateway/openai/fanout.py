@@ -15,6 +15,7 @@ import trio
 from smg_trio.connector.client import EngineClient
 from smg_trio.connector.stream import RequestStream
 from smg_trio.errors import RequestStreamClosed
+from smg_trio.exc_groups import first_failure
 from smg_trio.gateway.openai.errors import EngineRequestFailed
 from smg_trio.gateway.openai.schemas import Usage
 from smg_trio.gateway.openai.textgen import ChoicePipeline, TextDelta
@@ -29,7 +30,6 @@ __all__ = [
     "drive",
     "run_all",
     "sub_request_id",
-    "unwrap_group",
 ]
 
 #: Seeds are accepted in ``[0, SEED_MODULUS)`` and derived modulo it: valid for TokenSpeed's
@@ -118,19 +118,7 @@ async def run_all(
             for sub in subs:
                 nursery.start_soon(drive, client, sub, on_delta, on_batch)
     except BaseExceptionGroup as group:
-        raise unwrap_group(group) from None
-
-
-def unwrap_group(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The first non-``Cancelled`` leaf of ``group``; the group itself when it holds only
-    cancellations (so trio still sees its ``Cancelled``)."""
-    rest = group.subgroup(lambda e: not isinstance(e, trio.Cancelled))
-    if rest is None:
-        return group
-    leaf: BaseException = rest
-    while isinstance(leaf, BaseExceptionGroup):
-        leaf = leaf.exceptions[0]
-    return leaf
+        raise first_failure(group) from None
 
 
 def usage_of(prompt_tokens: int, subs: Sequence[SubRequest]) -> Usage:

@@ -1,0 +1,28 @@
+"""Walking exception groups: the one place that looks inside a ``BaseExceptionGroup``."""
+
+from __future__ import annotations
+
+import trio
+
+__all__ = ["first_failure", "is_cancellation", "leaves"]
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions that are not groups, depth first (``[exc]`` for a plain exception)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in leaves(e)]
+    return [exc]
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """Whether ``exc`` is ``trio.Cancelled``, or a group holding nothing else."""
+    return all(isinstance(leaf, trio.Cancelled) for leaf in leaves(exc))
+
+
+def first_failure(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first leaf of ``group`` that is not ``Cancelled``; the group itself when it holds
+    only cancellations (so trio still sees its ``Cancelled``)."""
+    for leaf in leaves(group):
+        if not isinstance(leaf, trio.Cancelled):
+            return leaf
+    return group

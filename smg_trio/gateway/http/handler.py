@@ -1,0 +1,54 @@
+"""The one handler skeleton of the inference routes: body, model, check, tokenize, build,
+lease, submit, then a stream or one JSON result; every failure is the OpenAI envelope."""
+
+from __future__ import annotations
+
+from quart import Response
+
+from smg_trio.gateway.http.call import RequestCall
+from smg_trio.gateway.http.sse import sse_response, sse_whole
+from smg_trio.gateway.openai.api import B, InferenceApi
+from smg_trio.gateway.openai.fanout import run_all
+from smg_trio.gateway.openai.framing import DONE
+from smg_trio.gateway.openai.textgen import ChoiceCollector
+from smg_trio.gateway.openai.translate import check_data_parallel_rank
+
+__all__ = ["handle"]
+
+
+async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
+    """Serve one request of ``api`` on ``call``: 4xx for client input, 503 engine
+    unavailable, 500 engine failure. A stream's body closes the call when it ends; any other
+    response closes it here (499 when the client went away)."""
+    streaming = False
+    try:
+        body = await call.read_body(api.body_type)
+        served = call.gw.resolve_model(body.model)
+        draft = api.check(body, served, call.gw.config)
+        tokens = await call.tokenize(draft.tokenize)
+        job = draft.build(tokens, call.reserve_ids())
+        call.subs = job.subs
+        call.prompt_tokens = job.prompt_tokens
+        if job.answered:  # every choice finished without the engine
+            if not job.stream:
+                return call.ok_response(job.result(None))
+            renderer = job.renderer()
+            return sse_whole(call, renderer.start() + renderer.end() + DONE)
+        client = call.lease(served.model_id).client
+        check_data_parallel_rank(job.data_parallel_rank, client.ranks)
+        if job.stream:
+            response = await sse_response(call, client, job.subs, job.renderer())
+            streaming = True
+            return response
+        collected = ChoiceCollector(len(job.subs))
+        await call.run_with_retry(
+            served.model_id,
+            client,
+            lambda c: run_all(c, job.subs, collected.on_delta, call.on_batch),
+        )
+        return call.ok_response(job.result(collected))
+    except Exception as exc:
+        return call.error_response(exc)
+    finally:
+        if not streaming:
+            call.close(499, "client_disconnected")  # no-op unless cancelled

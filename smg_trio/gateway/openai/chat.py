@@ -1,0 +1,323 @@
+"""Chat completions: messages are checked, rendered with the chat template and tokenized
+into one sub-request per choice; their deltas become ``chat.completion.chunk`` frames or one
+``chat.completion``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+from msgspec import UNSET
+
+from smg_trio.backend import ServedModel
+from smg_trio.errors import ValidationError
+from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.openai.api import ResponseIds
+from smg_trio.gateway.openai.fanout import SubRequest, usage_of
+from smg_trio.gateway.openai.framing import ChunkFramer
+from smg_trio.gateway.openai.logprobs import chat_logprobs, merge_runs, prompt_logprobs
+from smg_trio.gateway.openai.schemas import (
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ChatMessageOut,
+    ChunkChoice,
+    Delta,
+)
+from smg_trio.gateway.openai.textgen import ChoiceCollector, ChoicePipeline, TextDelta
+from smg_trio.gateway.openai.translate import (
+    LogprobRequest,
+    Plan,
+    build_plan,
+    build_requests,
+    check_prompt_fits,
+    check_token_budget,
+    choice_params,
+    reasoning_tags,
+    resolve_max_tokens,
+)
+
+__all__ = ["CHAT", "ChatApi", "ChatDraft", "ChatJob", "ChatStreamRenderer"]
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def _check_messages(messages: Sequence[dict[str, Any]]) -> None:
+    if not messages:
+        raise ValidationError(
+            "messages must contain at least one message", param="messages", code="invalid_value"
+        )
+    for i, msg in enumerate(messages):
+        role = msg.get("role")
+        if role not in _ROLES:
+            raise ValidationError(
+                f"messages[{i}].role must be one of {', '.join(sorted(_ROLES))}, got {role!r}",
+                param=f"messages[{i}].role",
+                code="invalid_value",
+            )
+        content = msg.get("content")
+        if content is None and role != "assistant":
+            raise ValidationError(
+                f"messages[{i}].content is required for role {role!r}",
+                param=f"messages[{i}].content",
+                code="missing_required_parameter",
+            )
+
+
+def _check_chat_fields(body: ChatCompletionRequest) -> None:
+    if body.echo:
+        raise ValidationError(
+            "echo is not supported for chat completions", param="echo", code="unsupported_field"
+        )
+    choice = body.tool_choice
+    if choice is not None and choice not in ("none", "auto"):
+        raise ValidationError(
+            "tool_choice 'required' or a named function needs constrained tool calling, which "
+            "this gateway does not provide; use 'auto' or 'none'",
+            param="tool_choice",
+            code="unsupported_field",
+        )
+    if body.top_logprobs and not body.logprobs:
+        raise ValidationError(
+            "top_logprobs requires logprobs to be true", param="top_logprobs", code="invalid_value"
+        )
+    if body.stream and body.prompt_logprobs is not None:
+        raise ValidationError(
+            "prompt_logprobs is not supported with stream=true",
+            param="prompt_logprobs",
+            code="invalid_value",
+        )
+    for i, tool in enumerate(body.tools or ()):
+        _check_tool(tool, f"tools[{i}]")
+
+
+def _check_tool(tool: dict[str, Any], param: str) -> None:
+    """A tool is ``{"type": "function", "function": {"name": str, ...}}`` (OpenAI's shape);
+    anything else would reach the chat template and render nonsense."""
+    if tool.get("type") != "function":
+        raise ValidationError(
+            f"tool type must be 'function', got {tool.get('type')!r}",
+            param=f"{param}.type",
+            code="invalid_value",
+        )
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise ValidationError(
+            "a function tool needs a 'function' object",
+            param=f"{param}.function",
+            code="invalid_type",
+        )
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        raise ValidationError(
+            "a function tool needs a non-empty string 'name'",
+            param=f"{param}.function.name",
+            code="invalid_type",
+        )
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise ValidationError(
+            "function parameters must be a JSON Schema object",
+            param=f"{param}.function.parameters",
+            code="invalid_type",
+        )
+
+
+class ChatApi:
+    """``POST /v1/chat/completions``."""
+
+    name = "chat"
+    id_prefix = "chatcmpl-"
+    body_type = ChatCompletionRequest
+
+    def check(
+        self, body: ChatCompletionRequest, served: ServedModel, config: GatewayHttpConfig
+    ) -> ChatDraft:
+        """Check the messages and every field that needs no tokenizing."""
+        _check_messages(body.messages)
+        _check_chat_fields(body)
+        k = (body.top_logprobs or 0) if body.logprobs else None
+        mct = body.max_completion_tokens
+        plan = build_plan(
+            body,
+            served,
+            config,
+            max_tokens=mct if mct is not None else body.max_tokens,
+            logprobs=LogprobRequest(k=k, param="top_logprobs", prompt_k=body.prompt_logprobs),
+        )
+        return ChatDraft(body=body, served=served, config=config, plan=plan, top_logprobs=k)
+
+
+@attrs.frozen(kw_only=True)
+class ChatDraft:
+    """A checked chat request (see :class:`~smg_trio.gateway.openai.api.Draft`)."""
+
+    body: ChatCompletionRequest
+    served: ServedModel
+    config: GatewayHttpConfig
+    plan: Plan
+    top_logprobs: int | None
+
+    def tokenize(self) -> tuple[str, list[int]]:
+        """The rendered chat template and its token ids (refused before encoding when it
+        cannot fit the context)."""
+        body, tok = self.body, self.served.tokenizer
+        prompt = tok.apply_chat_template(
+            body.messages,
+            tools=body.tools,
+            documents=body.documents,
+            add_generation_prompt=body.add_generation_prompt is not False,
+            continue_final_message=bool(body.continue_final_message),
+            chat_template_kwargs=body.chat_template_kwargs,
+        )
+        check_prompt_fits(self.plan, self.served, len(prompt), "messages")
+        return prompt, tok.encode(prompt)
+
+    def build(self, tokens: tuple[str, list[int]], ids: ResponseIds) -> ChatJob:
+        """The ``n`` sub-requests (seed ``+i``; the context left as ``max_tokens`` when
+        unset), within the request's token budget."""
+        prompt, prompt_ids = tokens
+        body, served, config, plan = self.body, self.served, self.config, self.plan
+        if not prompt_ids:
+            raise ValidationError("the rendered prompt is empty", param="messages")
+        engine_max, limit = resolve_max_tokens(plan, served, len(prompt_ids), "messages")
+        check_token_budget(
+            config,
+            served,
+            limit * plan.n,
+            plan.n,
+            "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
+        )
+        reasoning = reasoning_tags(served.reasoning_parser or config.reasoning_parser, prompt)
+        requests = build_requests(
+            plan,
+            served,
+            prompt_ids,
+            base_id=ids.engine_id,
+            first_index=0,
+            total=plan.n,
+            max_tokens=engine_max,
+        )
+        params = choice_params(plan, limit, reasoning)
+        tok = served.tokenizer
+        opts = body.stream_options
+        return ChatJob(
+            subs=[
+                SubRequest(r, ChoicePipeline(i, tok, params, prompt_ids))
+                for i, r in enumerate(requests)
+            ],
+            prompt_tokens=len(prompt_ids),
+            stream=bool(body.stream),
+            data_parallel_rank=plan.data_parallel_rank,
+            ids=ids,
+            served=served,
+            top_logprobs=self.top_logprobs,
+            include_usage=bool(opts and opts.include_usage),
+            continuous_usage=bool(opts and opts.continuous_usage_stats),
+            reasoning=reasoning is not None,
+            prompt_ids=prompt_ids,
+            prompt_k=body.prompt_logprobs,
+        )
+
+
+#: The chat completions API.
+CHAT = ChatApi()
+
+
+@attrs.frozen(kw_only=True)
+class ChatJob:
+    """A planned chat request (see :class:`~smg_trio.gateway.openai.api.Job`)."""
+
+    subs: list[SubRequest]
+    prompt_tokens: int
+    stream: bool
+    data_parallel_rank: int | None
+    ids: ResponseIds
+    served: ServedModel
+    top_logprobs: int | None
+    include_usage: bool
+    continuous_usage: bool
+    reasoning: bool
+    prompt_ids: list[int]
+    prompt_k: int | None
+    answered: bool = False
+
+    def renderer(self) -> ChatStreamRenderer:
+        """The ``chat.completion.chunk`` renderer of this request's stream."""
+        return ChatStreamRenderer(self)
+
+    def result(self, collected: ChoiceCollector | None) -> ChatCompletion:
+        """The ``chat.completion``: each choice's text, reasoning and logprobs."""
+        assert collected is not None
+        tok = self.served.tokenizer
+        k = self.top_logprobs
+        choices = []
+        for sub in self.subs:
+            p: ChoicePipeline = sub.pipeline
+            i = p.index
+            message = ChatMessageOut("assistant", "".join(collected.text[i]))
+            if self.reasoning:
+                message.reasoning_content = "".join(collected.reasoning[i]) or None
+            lps = None
+            if k is not None:
+                lps = chat_logprobs(tok, merge_runs(collected.logprobs[i]), k)
+            choices.append(ChatChoice(i, message, lps, p.finish_reason, p.stop_reason))
+        out = ChatCompletion(
+            id=self.ids.response_id,
+            created=self.ids.created,
+            model=self.served.model_id,
+            choices=choices,
+            usage=usage_of(self.prompt_tokens, self.subs),
+        )
+        if self.prompt_k is not None:
+            out.prompt_logprobs = prompt_logprobs(
+                tok, self.subs[0].pipeline.prompt_logprobs, self.prompt_ids, self.prompt_k
+            )
+        return out
+
+
+class ChatStreamRenderer:
+    """``chat.completion.chunk`` frames: a role chunk per choice first, then content and
+    ``reasoning_content`` deltas (logprobs riding on the delta that carries their text), the
+    finish on each choice's last chunk, then the usage chunk if asked."""
+
+    def __init__(self, job: ChatJob) -> None:
+        self._framer = ChunkFramer(
+            job.ids.response_id, "chat.completion.chunk", job.ids.created, job.served.model_id
+        )
+        self._tok = job.served.tokenizer
+        self._subs: Sequence[SubRequest] = job.subs
+        self._prompt_tokens = job.prompt_tokens
+        self._k = job.top_logprobs
+        self._include_usage = job.include_usage
+        self._continuous = job.continuous_usage
+
+    def start(self) -> bytes:
+        usage = usage_of(self._prompt_tokens, self._subs) if self._continuous else None
+        return b"".join(
+            self._framer.frame(ChunkChoice(i, Delta(role="assistant", content="")), usage)
+            for i in range(len(self._subs))
+        )
+
+    def delta(self, sub: SubRequest, delta: TextDelta) -> bytes:
+        lp = None
+        if self._k is not None and delta.logprobs is not None and len(delta.logprobs):
+            lp = chat_logprobs(self._tok, delta.logprobs, self._k)
+        finish = delta.finish_reason
+        choice = ChunkChoice(
+            sub.pipeline.index,
+            Delta(
+                content=delta.text if delta.text else UNSET,
+                reasoning_content=delta.reasoning if delta.reasoning else UNSET,
+            ),
+            lp,
+            finish,
+            UNSET if finish is None else delta.stop_reason,
+        )
+        usage = usage_of(self._prompt_tokens, self._subs) if self._continuous else None
+        return self._framer.frame(choice, usage)
+
+    def end(self) -> bytes:
+        if not self._include_usage:
+            return b""
+        return self._framer.usage_frame(usage_of(self._prompt_tokens, self._subs))

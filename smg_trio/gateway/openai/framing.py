@@ -1,0 +1,69 @@
+"""Server-sent event bytes: chunk framing, the error event, ``[DONE]``, and the renderer seam."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+
+from smg_trio.gateway.openai.errors import ErrorBody, to_api_error
+from smg_trio.gateway.openai.fanout import SubRequest
+from smg_trio.gateway.openai.schemas import Usage
+from smg_trio.gateway.openai.textgen import TextDelta
+
+__all__ = ["DONE", "ChunkFramer", "StreamRenderer", "error_event"]
+
+#: The stream terminator, sent exactly once, last.
+DONE = b"data: [DONE]\n\n"
+
+_encode = msgspec.json.encode
+
+
+def error_event(exc: BaseException) -> bytes:
+    """``data: {"error": {...}}`` for an error after the 200 was sent."""
+    return b"data: " + _encode(ErrorBody(to_api_error(exc).detail)) + b"\n\n"
+
+
+class ChunkFramer:
+    """Frames chunks of one stream: the constant ``id``/``object``/``created``/``model`` head
+    is encoded once; per chunk only the choice is encoded."""
+
+    __slots__ = ("_head",)
+
+    def __init__(self, stream_id: str, kind: str, created: int, model: str) -> None:
+        self._head = b"".join(
+            (
+                b'data: {"id":',
+                _encode(stream_id),
+                b',"object":"',
+                kind.encode(),
+                b'","created":',
+                str(created).encode(),
+                b',"model":',
+                _encode(model),
+                b',"choices":[',
+            )
+        )
+
+    def frame(self, choice: msgspec.Struct, usage: Usage | None = None) -> bytes:
+        """One ``data:`` event holding ``choice`` (and a running ``usage`` if given)."""
+        if usage is None:
+            return self._head + _encode(choice) + b"]}\n\n"
+        return self._head + _encode(choice) + b'],"usage":' + _encode(usage) + b"}\n\n"
+
+    def usage_frame(self, usage: Usage) -> bytes:
+        """The final usage chunk (``choices: []``)."""
+        return self._head + b'],"usage":' + _encode(usage) + b"}\n\n"
+
+
+class StreamRenderer(Protocol):
+    """Endpoint-specific chunk rendering."""
+
+    def start(self) -> bytes:
+        """Frames sent before any engine output (chat: one role chunk per choice)."""
+
+    def delta(self, sub: SubRequest, delta: TextDelta) -> bytes:
+        """Frames for one choice's delta; a delta with ``finish_reason`` ends that choice."""
+
+    def end(self) -> bytes:
+        """Frames after every choice finished (the usage chunk, if asked), before ``[DONE]``."""
