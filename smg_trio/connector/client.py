@@ -297,10 +297,14 @@ class EngineClient:
                 log.warning("could not queue ABORT for %d stalled request(s)", len(ids))
 
     async def _send_abort(self, identity: bytes, request_id: str) -> None:
+        await self._send_aborts(identity, [request_id])
+
+    async def _send_aborts(self, identity: bytes, request_ids: list[str]) -> None:
+        """One ABORT message for ``request_ids`` (vLLM and TokenSpeed take a list)."""
         try:
-            await self._send(identity, self.protocol.encode_abort([request_id]))
+            await self._send(identity, self.protocol.encode_abort(request_ids))
         except EngineDeadError:
-            log.debug("abort of %s not sent: engine is dead", request_id)
+            log.debug("abort of %d request(s) not sent: engine is dead", len(request_ids))
 
     async def _wake_group(self, wave: int) -> None:
         frames = self.protocol.encode_start_wave(wave)
@@ -430,14 +434,18 @@ class EngineClient:
         if batch.load is not None and slot is not None:
             router.loads[slot] = batch.load
         registry = self._registry
-        reabort: list[tuple[bytes, str]] | None = None
+        # Ids to tell ABORT again, per engine: one message each (not one task and message per
+        # output: under a disconnect storm every retired request's in-flight outputs did that,
+        # hundreds of sends competing with the ABORTs that mattered).
+        reabort: dict[bytes, dict[str, None]] | None = None
         for out in batch.outputs:
             entry = registry.get(out.request_id)
             if entry is None:
                 identity = self._aborted.get(out.request_id)
                 if identity is not None:
                     if out.finish_reason is None:
-                        (reabort := reabort or []).append((identity, out.request_id))
+                        reabort = reabort or {}
+                        reabort.setdefault(identity, {})[out.request_id] = None
                     else:
                         del self._aborted[out.request_id]
                 continue
@@ -458,8 +466,8 @@ class EngineClient:
                     self._wake_group_background, self._waves.start_wave(batch.start_wave)
                 )
         if reabort and self._nursery is not None:
-            for identity, rid in reabort:
-                self._nursery.start_soon(self._send_abort, identity, rid)
+            for identity, rids in reabort.items():
+                self._nursery.start_soon(self._send_aborts, identity, list(rids))
 
     async def _silence_watchdog(self) -> None:
         """Fail the in-flight requests when the engine has sent nothing for the silence window
