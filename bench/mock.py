@@ -17,9 +17,11 @@ of that module lacks:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from typing import Any
+import time
+from typing import Any, TextIO
 
 import attrs
 import trio
@@ -32,22 +34,31 @@ class BenchMockEngine(MockEngine):
     """A :class:`MockEngine` that can also answer vLLM ``UTILITY`` calls."""
 
     answer_utility = False
+    #: Where each ABORT's receipt is logged (``time.time()`` and the request id, one a line).
+    abort_log: TextIO | None = None
 
     async def _input_loop(self) -> None:
-        if not self.answer_utility:
+        if not self.answer_utility and self.abort_log is None:
             await super()._input_loop()
             return
-        # Answer UTILITY (b"\x03") frames before the base loop sees them: the base class reads
-        # ``self._sockets.input``, so hand it a filtering stand-in.
+        # Answer UTILITY (b"\x03") frames before the base loop sees them, and log ABORT
+        # (b"\x01") receipts: the base class reads ``self._sockets.input``, so hand it a
+        # filtering stand-in.
         assert self._sockets is not None
         real = self._sockets.input
         engine = self
+        log = self.abort_log
 
         class _Filter:
             async def recv_multipart(self) -> list[bytes]:
                 while True:
                     frames: list[bytes] = await real.recv_multipart()
-                    if len(frames) >= 2 and frames[0] == b"\x03":
+                    if log is not None and len(frames) >= 2 and frames[0] == b"\x01":
+                        now = time.time()
+                        for rid in decode(frames[1], list[str]):
+                            log.write(f"{now:.6f} {rid}\n")
+                        log.flush()
+                    if engine.answer_utility and len(frames) >= 2 and frames[0] == b"\x03":
                         await engine._answer_utility(frames[1])
                         continue
                     return frames
@@ -75,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--token-range", type=int, nargs=2, default=(259, 518), metavar=("LO", "HI"))
     p.add_argument("--max-model-len", type=int, default=1 << 20)
     p.add_argument("--answer-utility", action="store_true")
+    p.add_argument("--abort-log", default=None, metavar="FILE", help="log ABORT receipt times")
     p.add_argument("--log-level", default="WARNING", type=str.upper)
     return p
 
@@ -91,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine = BenchMockEngine(args.handshake, config)
     engine.answer_utility = args.answer_utility
-    trio.run(run_until_signal, engine)
+    with contextlib.ExitStack() as stack:
+        if args.abort_log is not None:
+            engine.abort_log = stack.enter_context(open(args.abort_log, "a"))
+        trio.run(run_until_signal, engine)
     return 0
 
 

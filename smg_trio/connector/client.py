@@ -3,6 +3,7 @@ abort-on-exit for every request (the trio replacement for Rust's ``Drop``)."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 from collections import OrderedDict
@@ -24,11 +25,13 @@ from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.handshake import EngineCoreReadyResponse
 from smg_trio.protocol.types import EngineBatch, EngineLoad, EngineProtocol, GenerateRequest
 from smg_trio.transport.handshake import READY_TIMEOUT_S, EngineRegistration, run_handshake
+from smg_trio.transport.monitor import ConnectionEvent
 from smg_trio.transport.topology import BoundSockets, HandshakeSocket, bind_worker_sockets
 
 __all__ = [
     "ABORT_SEND_TIMEOUT_S",
     "ENGINE_CORE_DEAD",
+    "ENGINE_DISCONNECT_GRACE_S",
     "ENGINE_SEND_TIMEOUT_S",
     "ENGINE_SILENCE_DEATH_TIMEOUT_S",
     "MAX_CONSECUTIVE_DECODE_ERRORS",
@@ -50,6 +53,13 @@ ABORT_SEND_TIMEOUT_S = 1.0
 #: No output for this long while requests are in flight means a hard-killed or wedged engine
 #: (a bound PULL never errors when its peer vanishes). Idle silence is fine.
 ENGINE_SILENCE_DEATH_TIMEOUT_S = 300.0
+#: An engine whose input connection closes (its process died: the kernel closes its ipc
+#: sockets; or it closed them) is declared dead this long after, unless a connection comes
+#: back first: a socket blip, not a death. During the grace the rank takes no new requests but
+#: its in-flight ones keep running (their outputs arrive on the output socket). Half a second
+#: keeps death detection well under a second while covering a reconnect, which on ipc takes
+#: milliseconds (libzmq's ``RECONNECT_IVL`` is 100 ms).
+ENGINE_DISCONNECT_GRACE_S = 0.5
 #: One undecodable message is dropped; this many in a row means the stream is garbage.
 MAX_CONSECUTIVE_DECODE_ERRORS = 3
 #: The output loop handles up to this many waiting messages before it lets other tasks run.
@@ -73,6 +83,7 @@ class EngineClient:
         engines: Sequence[EngineRegistration],
         *,
         silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
+        disconnect_grace_s: float | None = None,
     ) -> None:
         self.protocol = protocol
         self.engines = list(engines)
@@ -85,6 +96,18 @@ class EngineClient:
         self._aborted: OrderedDict[str, bytes] = OrderedDict()
         self._send_lock = trio.StrictFIFOLock()
         self._silence_timeout_s = silence_timeout_s
+        self._grace_s = (
+            ENGINE_DISCONNECT_GRACE_S if disconnect_grace_s is None else disconnect_grace_s
+        )
+        #: Input connection (fd, as the socket monitor names it) -> engine slot.
+        self._slot_of_fd = {
+            e.connection_fd: slot
+            for slot, e in enumerate(self.engines)
+            if e.connection_fd is not None
+        }
+        #: Slots whose connection closed -> when; insertion order is disconnect order.
+        self._suspects: dict[int, float] = {}
+        self._lost: set[int] = set()  # slots declared dead (the others keep serving)
         self._recv_scope: trio.CancelScope | None = None
         self._watchdog_scope = trio.CancelScope()  # cancelled by _die: a dead client is not timed
         #: When the silence window last restarted: the last engine output, or the submit that
@@ -158,7 +181,9 @@ class EngineClient:
 
         Raises ``DuplicateRequestId`` (nothing sent), ``InvalidDataParallelRank``,
         ``UnsupportedField``/``ValidationError`` (from the protocol), ``EncodeError``, and
-        ``EngineDeadError``/``ClientClosed`` when the client cannot take requests.
+        ``EngineDeadError``/``ClientClosed`` when the client cannot take requests (or the
+        rank it would go to is not connected). The stream raises ``EngineDeadError`` when its
+        rank dies; the other ranks' requests carry on.
         """
         self._check_open()
         self.protocol.validate(request)
@@ -184,7 +209,7 @@ class EngineClient:
             if not entry.finished:
                 self._retire(entry)
                 entry.close()
-                if entry.sent and self.alive:
+                if entry.sent and self.alive and not self._router.down[entry.rank]:
                     with trio.CancelScope(shield=True), trio.move_on_after(ABORT_SEND_TIMEOUT_S):
                         await self._send_abort(entry.identity, rid)
 
@@ -225,7 +250,7 @@ class EngineClient:
         if self._registry.get(entry.request_id) is entry:
             del self._registry[entry.request_id]
         self._router.release(entry.rank, entry.request_id)
-        if not entry.finished and entry.sent:
+        if not entry.finished and entry.sent and entry.rank not in self._lost:
             self._aborted[entry.request_id] = entry.identity
             if len(self._aborted) > _ABORTED_MEMORY:
                 self._aborted.popitem(last=False)
@@ -239,7 +264,20 @@ class EngineClient:
             async with self._send_lock:
                 with trio.move_on_after(ENGINE_SEND_TIMEOUT_S) as cs:
                     await sock.send_multipart(msg)
-        except (TransportError, trio.ClosedResourceError) as exc:
+        except TransportError as exc:
+            if exc.errno == errno.EHOSTUNREACH and identity in self._identities:
+                # ROUTER_MANDATORY: that engine's connection is gone. The socket monitor
+                # decides whether it comes back (a blip) or the rank is dead; only this
+                # message fails here.
+                slot = self._identities.index(identity)
+                self._suspect(slot)
+                raise EngineDeadError(
+                    f"engine {self._router.indices[slot]} is not connected"
+                ) from exc
+            err = EngineDeadError(f"engine input socket failed: {exc}")
+            self._die(err)
+            raise err from exc
+        except trio.ClosedResourceError as exc:
             err = EngineDeadError(f"engine input socket failed: {exc}")
             self._die(err)
             raise err from exc
@@ -264,10 +302,14 @@ class EngineClient:
                 log.warning("could not queue ABORT for %d stalled request(s)", len(ids))
 
     async def _send_abort(self, identity: bytes, request_id: str) -> None:
+        await self._send_aborts(identity, [request_id])
+
+    async def _send_aborts(self, identity: bytes, request_ids: list[str]) -> None:
+        """One ABORT message for ``request_ids`` (vLLM and TokenSpeed take a list)."""
         try:
-            await self._send(identity, self.protocol.encode_abort([request_id]))
+            await self._send(identity, self.protocol.encode_abort(request_ids))
         except EngineDeadError:
-            log.debug("abort of %s not sent: engine is dead", request_id)
+            log.debug("abort of %d request(s) not sent: engine is dead", len(request_ids))
 
     async def _wake_group(self, wave: int) -> None:
         frames = self.protocol.encode_start_wave(wave)
@@ -298,20 +340,112 @@ class EngineClient:
             self._recv_scope.cancel()
         self._watchdog_scope.cancel()
 
+    # -- connection watch (engine death from the socket itself) ----------------------------
+
+    async def _watch_connections(self) -> None:
+        """The input socket monitor's one reader: an engine's input connection that closes
+        makes its rank suspect; one that is accepted while a rank is suspect is that rank
+        coming back (the oldest suspect first: a new connection carries no identity the
+        monitor reports); a rank still suspect after the grace is dead (:meth:`_rank_lost`).
+
+        This is what sees an engine die whatever started it (``launch``, ``serve``, the
+        admin API): the kernel closes a killed process's sockets, and libzmq reports it here
+        within milliseconds. The silence watchdog stays as the last line of defence (a
+        wedged engine keeps its sockets open)."""
+        sock = self._sockets.input_monitor
+        grace = self._grace_s
+        try:
+            while self._dead is None and not self._closed:
+                due = min(self._suspects.values(), default=math.inf) + grace
+                event = None
+                with trio.move_on_at(due):
+                    event = await sock.receive()
+                if event is not None:
+                    self._on_connection_event(event)
+                now = trio.current_time()
+                for slot, since in list(self._suspects.items()):
+                    if since + grace <= now:
+                        del self._suspects[slot]
+                        self._rank_lost(
+                            slot,
+                            EngineDeadError(
+                                f"engine {self._router.indices[slot]} disconnected from the"
+                                f" input socket and did not reconnect within {grace:g} s"
+                            ),
+                        )
+        except (TransportError, trio.ClosedResourceError) as exc:
+            if not self._closed and self._dead is None:
+                log.warning("input socket monitor failed (%s); relying on the watchdog", exc)
+
+    def _on_connection_event(self, event: ConnectionEvent) -> None:
+        fd = event.fd
+        log.debug("input monitor: %s fd %d", "accepted" if event.accepted else "closed", fd)
+        if not event.accepted:
+            slot = self._slot_of_fd.pop(fd, None)
+            if slot is not None:
+                self._suspect(slot)
+        elif fd not in self._slot_of_fd and self._suspects:
+            slot = next(iter(self._suspects))
+            del self._suspects[slot]
+            self._slot_of_fd[fd] = slot
+            self._router.down[slot] = False
+            log.info(
+                "engine %d reconnected to the input socket; its requests carry on",
+                self._router.indices[slot],
+            )
+
+    def _suspect(self, slot: int) -> None:
+        """``slot``'s input connection closed: no new requests go to it; its in-flight ones
+        wait out the grace period."""
+        if slot in self._lost or slot in self._suspects:
+            return
+        for fd, s in list(self._slot_of_fd.items()):
+            if s == slot:
+                del self._slot_of_fd[fd]  # a send found it gone before the monitor did
+        log.warning(
+            "engine %d disconnected from the input socket; dead in %g s unless it reconnects",
+            self._router.indices[slot],
+            self._grace_s,
+        )
+        self._suspects[slot] = trio.current_time()
+        self._router.down[slot] = True
+
+    def _rank_lost(self, slot: int, error: EngineDeadError) -> None:
+        """Fail ``slot``'s in-flight requests with ``error``; the client dies with it when no
+        rank is left, or when the ranks run in lockstep (a DP wave cannot go on without one).
+        The other ranks keep serving; the dead rank takes no requests (no ABORT is sent to
+        it: nobody would read it)."""
+        self._lost.add(slot)
+        self._router.down[slot] = True
+        if self._waves is not None or len(self._lost) == len(self.engines):
+            self._die(error)
+            return
+        log.error("%s; %d other rank(s) still serving", error, len(self.engines) - len(self._lost))
+        registry = self._registry
+        for rid, entry in list(registry.items()):
+            if entry.rank == slot:
+                del registry[rid]
+                self._router.release(slot, rid)
+                entry.close(error)
+
     def _dispatch(self, batch: EngineBatch) -> None:
         router = self._router
         slot = router.slot_for_index(batch.engine_index)
         if batch.load is not None and slot is not None:
             router.loads[slot] = batch.load
         registry = self._registry
-        reabort: list[tuple[bytes, str]] | None = None
+        # Ids to tell ABORT again, per engine: one message each (not one task and message per
+        # output: under a disconnect storm every retired request's in-flight outputs did that,
+        # hundreds of sends competing with the ABORTs that mattered).
+        reabort: dict[bytes, dict[str, None]] | None = None
         for out in batch.outputs:
             entry = registry.get(out.request_id)
             if entry is None:
                 identity = self._aborted.get(out.request_id)
                 if identity is not None:
                     if out.finish_reason is None:
-                        (reabort := reabort or []).append((identity, out.request_id))
+                        reabort = reabort or {}
+                        reabort.setdefault(identity, {})[out.request_id] = None
                     else:
                         del self._aborted[out.request_id]
                 continue
@@ -332,8 +466,8 @@ class EngineClient:
                     self._wake_group_background, self._waves.start_wave(batch.start_wave)
                 )
         if reabort and self._nursery is not None:
-            for identity, rid in reabort:
-                self._nursery.start_soon(self._send_abort, identity, rid)
+            for identity, rids in reabort.items():
+                self._nursery.start_soon(self._send_aborts, identity, list(rids))
 
     async def _silence_watchdog(self) -> None:
         """Fail the in-flight requests when the engine has sent nothing for the silence window
@@ -451,13 +585,15 @@ async def open_engine_client(
     ready_timeout_s: float = READY_TIMEOUT_S,
     silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
     handshake: HandshakeSocket | None = None,
+    disconnect_grace_s: float | None = None,
 ) -> AsyncIterator[EngineClient]:
     """Bind, handshake with ``engine_count`` engines, and yield a running :class:`EngineClient`.
 
     The client's nursery runs the output loop; leaving the block cancels it, fails remaining
     requests with ``ClientClosed`` and closes the sockets. ``ready_timeout_s`` bounds each
     handshake receive; ``silence_timeout_s`` is the in-flight silence watchdog (``math.inf``
-    disables it). ``handshake`` is a handshake ROUTER the caller keeps bound across engine
+    disables it). ``disconnect_grace_s`` is how long a rank whose input connection closed may
+    take to reconnect before it is dead (``ENGINE_DISCONNECT_GRACE_S`` by default). ``handshake`` is a handshake ROUTER the caller keeps bound across engine
     lives (see :class:`~smg_trio.transport.topology.HandshakeSocket`); without it one is bound
     here and closed on exit.
     """
@@ -465,11 +601,18 @@ async def open_engine_client(
         engines = await run_handshake(
             sockets, engine_count=engine_count, ready_timeout_s=ready_timeout_s
         )
-        client = EngineClient(protocol, sockets, engines, silence_timeout_s=silence_timeout_s)
+        client = EngineClient(
+            protocol,
+            sockets,
+            engines,
+            silence_timeout_s=silence_timeout_s,
+            disconnect_grace_s=disconnect_grace_s,
+        )
         async with trio.open_nursery() as nursery:
             client._nursery = nursery
             nursery.start_soon(client._output_loop)
             nursery.start_soon(client._silence_watchdog)
+            nursery.start_soon(client._watch_connections)
             try:
                 yield client
             finally:

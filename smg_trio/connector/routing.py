@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from smg_trio.errors import InvalidDataParallelRank
+from smg_trio.errors import EngineDeadError, InvalidDataParallelRank
 from smg_trio.protocol.types import EngineLoad
 
 __all__ = ["RankRouter", "WaveClock"]
@@ -26,6 +26,9 @@ class RankRouter:
         self._slot_of = {idx: slot for slot, idx in enumerate(self.indices)}
         self.loads: list[EngineLoad | None] = [None] * len(self.indices)
         self.inflight: list[set[str]] = [set() for _ in self.indices]
+        #: Slots not taking requests: their input connection closed (dead, or in the
+        #: reconnect grace period). Unpinned requests go to the other slots.
+        self.down: list[bool] = [False] * len(self.indices)
         self._scan_start = 0
 
     def slot_for_index(self, engine_index: int) -> int | None:
@@ -47,25 +50,35 @@ class RankRouter:
     def reserve(self, request_id: str, pinned_rank: int | None) -> int:
         """Pick a slot and reserve ``request_id`` on it. A pinned rank is authoritative.
 
-        Raises ``InvalidDataParallelRank`` when no engine has the pinned index.
+        Raises ``InvalidDataParallelRank`` when no engine has the pinned index, and
+        ``EngineDeadError`` when the pinned rank (or, unpinned, every rank) is down.
         """
         n = len(self.indices)
+        down = self.down
         if pinned_rank is not None:
             slot = self._slot_of.get(pinned_rank)
             if slot is None:
                 raise InvalidDataParallelRank(pinned_rank, n)
+            if down[slot]:
+                raise EngineDeadError(f"engine {pinned_rank} is not connected")
         elif n == 1:
+            if down[0]:
+                raise EngineDeadError("the engine is not connected")
             slot = 0
         else:
             start = self._scan_start % n
             self._scan_start += 1
-            slot = start
-            best = self.score(start)
-            for j in range(1, n):
+            best_slot, best = -1, 0.0
+            for j in range(n):
                 s = (start + j) % n
+                if down[s]:
+                    continue
                 sc = self.score(s)
-                if sc < best:
-                    slot, best = s, sc
+                if best_slot < 0 or sc < best:
+                    best_slot, best = s, sc
+            if best_slot < 0:
+                raise EngineDeadError("no engine rank is connected")
+            slot = best_slot
         self.inflight[slot].add(request_id)
         return slot
 

@@ -55,11 +55,14 @@ def engine_index(identity: bytes) -> int | None:
 @attrs.frozen
 class EngineRegistration:
     """One engine that completed the handshake: its ZMQ identity, its index (see
-    :func:`engine_index`) and the registration it sent on the input socket."""
+    :func:`engine_index`), the registration it sent on the input socket, and the file
+    descriptor of the input connection that registration came in on (``ZMQ_SRCFD``; the
+    input socket monitor names connections by it)."""
 
     identity: bytes
     index: int | None
     ready: EngineCoreReadyResponse
+    connection_fd: int | None = None
 
 
 def _name(identity: bytes) -> str:
@@ -80,6 +83,7 @@ class _Peer:
     ready: bool = False
     registration: EngineCoreReadyResponse | None = None
     next_init: float = 0.0
+    connection_fd: int | None = None
 
     @property
     def done(self) -> bool:
@@ -109,7 +113,8 @@ class _Driver:
     engine_count: int
     init_payload: bytes
     peers: dict[bytes, _Peer] = attrs.field(factory=dict)  # first-HELLO order
-    early: dict[bytes, bytes] = attrs.field(factory=dict)  # registrations read before HELLO
+    # registrations read before HELLO, with their input connection's fd
+    early: dict[bytes, tuple[bytes, int | None]] = attrs.field(factory=dict)
     ignored: _Ignored = attrs.field(factory=_Ignored)
     deadline: trio.CancelScope | None = None  # pushed back on every step of progress
     timeout_s: float = READY_TIMEOUT_S
@@ -186,7 +191,7 @@ class _Driver:
             self._advance()
             early = self.early.pop(identity, None)
             if early is not None:
-                self._register(identity, peer, early)
+                self._register(identity, peer, *early)
                 if peer.registration is not None:
                     return  # registered: it has its INIT
         else:
@@ -216,9 +221,9 @@ class _Driver:
     async def input_loop(self) -> None:
         sock = self.sockets.input
         while True:
-            frames = await sock.recv_multipart()
+            frames, fd = await sock.recv_multipart_with_source()
             try:
-                self._on_registration(frames)
+                self._on_registration(frames, fd)
             except HandshakeError as exc:
                 self._fail(exc)
                 return
@@ -227,7 +232,7 @@ class _Driver:
         self.fatal = exc
         self.finished.set()
 
-    def _on_registration(self, frames: list[bytes]) -> None:
+    def _on_registration(self, frames: list[bytes], fd: int | None = None) -> None:
         if len(frames) != 2:
             self.ignored(f"a {len(frames)}-frame input registration from {_peer(frames)}")
             return
@@ -241,11 +246,13 @@ class _Driver:
             ):
                 self.ignored(f"input registration from {_name(identity)}, which did not handshake")
             else:
-                self.early[identity] = payload
+                self.early[identity] = (payload, fd)
             return
-        self._register(identity, peer, payload)
+        self._register(identity, peer, payload, fd)
 
-    def _register(self, identity: bytes, peer: _Peer, payload: bytes) -> None:
+    def _register(
+        self, identity: bytes, peer: _Peer, payload: bytes, fd: int | None = None
+    ) -> None:
         if peer.registration is not None:
             self.ignored(f"a duplicate input registration from {_name(identity)}")
             return
@@ -262,6 +269,7 @@ class _Driver:
             raise UnexpectedHandshakeMessage(
                 f"undecodable input registration from {_name(identity)}: {exc}"
             ) from exc
+        peer.connection_fd = fd
         logger.info("handshake: %s registered on the input socket", _name(identity))
         self._advance()
 
@@ -343,9 +351,11 @@ async def run_handshake(
         raise driver.fatal
     if driver.ignored.count > IGNORED_LOG_LIMIT:
         logger.warning("handshake: ignored %d message(s) in all", driver.ignored.count)
-    done = [(i, p.registration) for i, p in driver.peers.items() if p.done][:engine_count]
+    done = [(i, p) for i, p in driver.peers.items() if p.done][:engine_count]
     return [
-        EngineRegistration(identity=i, index=engine_index(i), ready=r)
-        for i, r in done
-        if r is not None
+        EngineRegistration(
+            identity=i, index=engine_index(i), ready=p.registration, connection_fd=p.connection_fd
+        )
+        for i, p in done
+        if p.registration is not None
     ]

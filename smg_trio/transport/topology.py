@@ -15,10 +15,17 @@ import zmq
 
 from smg_trio.errors import EngineError, SocketDirError
 from smg_trio.protocol.addresses import WorkerAddresses
+from smg_trio.transport.monitor import INPUT_MONITOR_EVENTS, ConnectionMonitor
 from smg_trio.transport.sockdir import check_ipc_path, ensure_ipc_socket_dir, unlink_stale_socket
 from smg_trio.transport.zsocket import ZmqSocket, zmq_context
 
-__all__ = ["BoundSockets", "HandshakeSocket", "bind_handshake_socket", "bind_worker_sockets"]
+__all__ = [
+    "INPUT_MONITOR_EVENTS",
+    "BoundSockets",
+    "HandshakeSocket",
+    "bind_handshake_socket",
+    "bind_worker_sockets",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +35,9 @@ class BoundSockets:
     """The three bound sockets of one worker and their resolved addresses.
 
     ``input`` is the ROUTER engines register on and receive requests from (frontend sends
-    ``[identity, type_byte, payload, *aux]``); ``output`` is the PULL every engine PUSHes results
+    ``[identity, type_byte, payload, *aux]``); ``input_monitor`` is the PAIR its socket
+    monitor reports on (:data:`INPUT_MONITOR_EVENTS`: an engine's connection opened or closed,
+    which is how an engine that dies is seen at once, whatever started it); ``output`` is the PULL every engine PUSHes results
     to; ``handshake`` is the ROUTER for HELLO/INIT/READY. The ``*_address`` strings are the
     endpoints as libzmq resolved them (``LAST_ENDPOINT``), so a wildcard port such as
     ``tcp://127.0.0.1:*`` comes back as the real port; INIT carries these.
@@ -37,6 +46,7 @@ class BoundSockets:
     input: ZmqSocket
     output: ZmqSocket
     handshake: ZmqSocket
+    input_monitor: ConnectionMonitor
     input_address: str
     output_address: str
     handshake_address: str
@@ -125,6 +135,30 @@ async def bind_handshake_socket(address: str) -> AsyncIterator[HandshakeSocket]:
         yield HandshakeSocket(socket=hs, address=resolved)
 
 
+def _monitor(stack: contextlib.ExitStack, wrapped: ZmqSocket) -> ConnectionMonitor:
+    """Start ``wrapped``'s socket monitor and return the PAIR it reports on.
+
+    Only the ``ACCEPTED``/``DISCONNECTED`` events of connections made after this call are
+    reported; the monitor is started right after the bind, before any engine is told the
+    address (INIT), so none is missed. The engines' ipc connection closes when their process
+    dies (the kernel closes its sockets), so this sees a SIGKILL in milliseconds.
+
+    (libzmq's ``ZMQ_ROUTER_NOTIFY``, which would name the identity directly, is a draft option
+    that pyzmq's wheels do not build: setting it fails with ``EINVAL``.)
+    """
+    sock = wrapped.raw
+    address = f"inproc://smg-input-monitor-{id(sock):x}-{os.getpid()}"
+    sock.monitor(address, INPUT_MONITOR_EVENTS)
+    pair = zmq_context().socket(zmq.PAIR)
+    stack.callback(pair.close, 0)
+    pair.setsockopt(zmq.LINGER, 0)
+    pair.connect(address)
+    stack.callback(sock.disable_monitor)  # runs before the pair and the ROUTER are closed
+    monitored = ZmqSocket(pair)
+    stack.callback(monitored.close)
+    return ConnectionMonitor(monitored)
+
+
 def _inode(path: str) -> tuple[int, int] | None:
     try:
         st = os.lstat(path)
@@ -173,6 +207,7 @@ async def bind_worker_sockets(
             stack, zmq.ROUTER, addresses.input, "input ROUTER", _configure_input_router
         )
         stack.callback(_unlink_if_same, input_path, _inode(input_path))
+        monitor = _monitor(stack, inp)
         out, output_address = _bind(
             stack, zmq.PULL, addresses.output, "output PULL", _configure_output_pull
         )
@@ -194,6 +229,7 @@ async def bind_worker_sockets(
             input=inp,
             output=out,
             handshake=hs,
+            input_monitor=monitor,
             input_address=input_address,
             output_address=output_address,
             handshake_address=handshake_address,

@@ -101,6 +101,12 @@ class ZmqSocket:
         return f"<ZmqSocket {self._kind} {state}>"
 
     @property
+    def raw(self) -> zmq.Socket[bytes]:
+        """The pyzmq socket, for configuration calls that move no messages (``monitor``,
+        ``disable_monitor``); never for I/O, which must go through this adapter."""
+        return self._sock
+
+    @property
     def closed(self) -> bool:
         """Whether :meth:`close` has been called."""
         return self._closed
@@ -175,12 +181,26 @@ class ZmqSocket:
         the socket. Raises :class:`ZmqSocketError` from libzmq and :class:`trio.ClosedResourceError`
         if the socket is or gets closed.
         """
+        frames, _ = await self._recv(with_source=False)
+        return frames
+
+    async def recv_multipart_with_source(self) -> tuple[list[bytes], int | None]:
+        """Like :meth:`recv_multipart`, and also the file descriptor of the connection the
+        message came in on (libzmq's ``ZMQ_SRCFD``; ``None`` where libzmq has none, as for
+        inproc). Socket monitors name connections by that descriptor, which is how a
+        ``DISCONNECTED`` event is tied to the peer that sent the message."""
+        return await self._recv(with_source=True)
+
+    async def _recv(self, *, with_source: bool) -> tuple[list[bytes], int | None]:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         slept = True
         while True:
             try:
-                frames = self._sock.recv_multipart(flags=zmq.DONTWAIT)
+                if with_source:
+                    parts = self._sock.recv_multipart(flags=zmq.DONTWAIT, copy=False)
+                else:
+                    frames = self._sock.recv_multipart(flags=zmq.DONTWAIT)
             except zmq.Again:
                 slept = await self._wait(_POLLIN, must_sleep=not slept)
                 continue
@@ -188,7 +208,10 @@ class ZmqSocket:
                 raise _wrapped(exc) from exc
             break
         await trio.lowlevel.cancel_shielded_checkpoint()
-        return frames
+        if not with_source:
+            return frames, None
+        fd = parts[-1].get(zmq.SRCFD) if parts else -1
+        return [p.bytes for p in parts], (fd if fd >= 0 else None)
 
     def recv_multipart_nowait(self) -> list[bytes] | None:
         """One multipart message if one is waiting, else ``None``; not a checkpoint.

@@ -164,3 +164,49 @@ async def test_late_outputs_for_an_aborted_id_are_dropped_and_reaborted(
             assert outputs[-1].finish_reason == "stop"
             assert client.inflight_count == 0
             assert client.alive
+
+
+async def test_reaborts_of_one_output_batch_go_in_one_message(addresses: WorkerAddresses) -> None:
+    engine = RawEngine(addresses.handshake)
+    ids = ["a", "b", "c"]
+    with trio.fail_after(IO_DEADLINE_S):
+        async with raw_serving(addresses, engine) as client:
+            for rid in ids:
+                async with client.generate(request(rid)):
+                    assert (await _expect(engine, ADD))[0] == rid
+                assert await _expect(engine, ABORT) == [rid]
+            # Outputs that were on the way when the ABORTs went out (two for "a"): the engine
+            # is told again once, in one message for the whole batch.
+            await engine.push_vllm(*(vllm_output(rid, [1]) for rid in [*ids, "a"]))
+            assert await _expect(engine, ABORT) == ids
+            # Nothing else was sent for them: the next message is the probe's ADD.
+            async with client.generate(request("probe")):
+                assert (await _expect(engine, ADD))[0] == "probe"
+
+
+async def test_every_abort_arrives_when_many_streams_vanish_at_once(
+    addresses: WorkerAddresses,
+) -> None:
+    ids = [f"storm-{i}" for i in range(64)]
+    with trio.fail_after(IO_DEADLINE_S):
+        async with serving(addresses, MockEngineConfig(step_s=0.005)) as (client, (engine,)):
+            started: set[str] = set()
+
+            async def stream_until_cancelled(rid: str) -> None:
+                async with client.generate(request(rid, max_tokens=100_000)) as stream:
+                    await stream.__anext__()
+                    started.add(rid)
+                    async for _ in stream:
+                        pass
+
+            for _ in range(3):  # rounds
+                started.clear()
+                async with trio.open_nursery() as nursery:
+                    for rid in ids:
+                        nursery.start_soon(stream_until_cancelled, rid)
+                    await wait_until(lambda: len(started) == len(ids))
+                    nursery.cancel_scope.cancel()  # every client vanishes at once
+                await wait_until(lambda: not engine.active)
+                assert client.inflight_count == 0
+                assert set(ids) <= set(engine.aborts)
+                engine.aborts.clear()

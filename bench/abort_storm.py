@@ -1,0 +1,162 @@
+"""Fault F5: a disconnect storm. ``--clients`` streaming clients vanish at once, ``--rounds``
+times; how long until the engine receives each ABORT?
+
+Starts ``python -m smg_trio launch`` and the bench mock engine (``bench/mock.py
+--abort-log``), each its own process group. Per round it opens the streams on raw sockets,
+waits until every one has its first token, closes all the sockets in one go (no read, no
+shutdown: the client just vanishes) and reads the mock's ABORT log: each line is the
+``time.time()`` at which the engine's input loop received an ABORT and the request id. The
+delay of an ABORT is that time minus the moment the first socket of its round was closed
+(same host, same clock). Reports p50 and max over all rounds (target: max within 20 ms).
+
+    python bench/abort_storm.py [--clients 64] [--rounds 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+BENCH_DIR = Path(__file__).resolve().parent
+for _path in (BENCH_DIR, BENCH_DIR.parent):  # bench helpers; peers/ (repo-only tooling)
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from gateway import (  # noqa: E402
+    Gateway,
+    _free_port,
+    _remove_tree,
+    gateway_launch,
+    mock_command,
+    wait_ready,
+)
+from loadgen import build_request, chat_body  # noqa: E402
+
+from peers.tools import start_process_group, stop_process_group  # noqa: E402
+from smg_trio.mock.tiny_model import default_tiny_model_dir  # noqa: E402
+
+#: Streams that would run for seconds: none ends before its client vanishes.
+MAX_TOKENS = 900
+#: The mock's step: slow enough that the mock itself (64 streams on a shared machine) is not
+#: what delays its reading of ABORT.
+STEP_MS = 10.0
+TARGET_MS = 20.0
+#: How long a round waits for its ABORTs before it counts the rest as lost.
+ABORT_WAIT_S = 10.0
+
+
+def _read_aborts(path: Path, known: set[str]) -> dict[str, float]:
+    """The first receipt time of each request id not in ``known`` (a request the engine is
+    told about again, because an output of it was already on the way, counts once)."""
+    first: dict[str, float] = {}
+    lines = path.read_text().splitlines() if path.exists() else []
+    for line in lines:
+        t, _, rid = line.partition(" ")
+        if rid and rid not in known and rid not in first:
+            first[rid] = float(t)
+    return first
+
+
+async def _open_stream(port: int, raw: bytes) -> trio.SocketStream:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(raw)
+    data = b""
+    while b'"content":"' not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            raise RuntimeError(f"stream ended before its first token: {data[-300:]!r}")
+        data += chunk
+    return stream
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    with contextlib.ExitStack() as stack:
+        directory = Path(tempfile.mkdtemp(prefix="smg-"))
+        stack.callback(_remove_tree, directory)
+        abort_log = directory / "aborts.log"
+        port = _free_port()
+        model_dir = default_tiny_model_dir()
+        launch = gateway_launch("smg_trio", f"ipc://{directory}/engine-1", model_dir, port)
+        proc = start_process_group(launch.cmd, log_path=directory / "gateway.log")
+        stack.callback(stop_process_group, proc)
+        mock = start_process_group(
+            mock_command(launch.handshake, args.step_ms, "--abort-log", str(abort_log)),
+            log_path=directory / "mock.log",
+        )
+        stack.callback(stop_process_group, mock)
+        gw = Gateway("smg_trio", port, str(model_dir), proc, mock, directory / "gateway.log")
+        await wait_ready(gw)
+        raw = build_request(port, chat_body(gw.model, "hi", MAX_TOKENS, stream=True))
+        delays_ms: list[float] = []
+        lost = 0
+        known = set(_read_aborts(abort_log, set()))
+        for r in range(args.rounds):
+            streams: list[trio.SocketStream] = []
+
+            async def one(streams: list[trio.SocketStream] = streams) -> None:
+                streams.append(await _open_stream(port, raw))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(args.clients):
+                    nursery.start_soon(one)
+            t_close = time.time()
+            for s in streams:
+                s.socket.close()  # vanish: no read, no shutdown, no goodbye
+            got: dict[str, float] = {}
+            with trio.move_on_after(ABORT_WAIT_S):
+                while len(got) < args.clients:
+                    await trio.sleep(0.05)
+                    got = _read_aborts(abort_log, known)
+            known |= set(got)
+            lost += max(args.clients - len(got), 0)
+            round_ms = [(t - t_close) * 1000 for t in got.values()]
+            delays_ms += round_ms
+            print(
+                f"  round {r + 1}: {len(got)}/{args.clients} ABORTs,"
+                f" p50 {statistics.median(round_ms):.1f} ms, max {max(round_ms):.1f} ms",
+                flush=True,
+            )
+            await trio.sleep(0.5)  # let the gateway settle between rounds
+        delays_ms.sort()
+        return {
+            "clients": args.clients,
+            "rounds": args.rounds,
+            "aborts": len(delays_ms),
+            "lost": lost,
+            "p50_ms": statistics.median(delays_ms),
+            "p99_ms": delays_ms[int(0.99 * (len(delays_ms) - 1))],
+            "max_ms": delays_ms[-1],
+            "target_ms": TARGET_MS,
+            "pass": lost == 0 and delays_ms[-1] <= TARGET_MS,
+        }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--step-ms", type=float, default=STEP_MS, help="the mock's step")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    res = trio.run(bench, args)
+    print(
+        f"F5 abort storm ({res['clients']} x {res['rounds']}): {res['aborts']} ABORTs,"
+        f" {res['lost']} lost; p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms,"
+        f" max {res['max_ms']:.1f} ms; target max <= {TARGET_MS:g} ms:"
+        f" {'PASS' if res['pass'] else 'FAIL'}"
+    )
+    if args.json is not None:
+        args.json.write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
