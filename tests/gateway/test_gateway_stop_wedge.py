@@ -23,14 +23,16 @@ BIG = 64 << 20
 
 async def test_a_write_that_blocks_after_stopping_began_is_closed(monkeypatch: Any) -> None:
     first_pass = trio.Event()
-    real = hypercorn_close.close_blocked_writes
+    real = hypercorn_close.Connections.close_blocked_writes
 
-    async def spy(grace_s: float = hypercorn_close.BLOCKED_WRITE_GRACE_S) -> int:
-        closed = await real(grace_s)
+    async def spy(
+        self: hypercorn_close.Connections, grace_s: float = hypercorn_close.BLOCKED_WRITE_GRACE_S
+    ) -> int:
+        closed = await real(self, grace_s)
         first_pass.set()
         return closed
 
-    monkeypatch.setattr(hypercorn_close, "close_blocked_writes", spy)
+    monkeypatch.setattr(hypercorn_close.Connections, "close_blocked_writes", spy)
     responding = trio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
