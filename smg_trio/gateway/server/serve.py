@@ -96,14 +96,23 @@ async def serve(
 
     Reports the bound base URLs through ``task_status``. Runs until cancelled or until
     ``shutdown_trigger()`` returns; in-flight requests then get ``config.graceful_timeout``
-    seconds. A write blocked for ``write_timeout_s`` seconds drops its connection; when
-    stopping, writes still blocked after a short grace are closed so the server always stops.
+    seconds. A write blocked for ``write_timeout_s`` seconds drops its connection. When
+    stopping (at once when cancelled, after the graceful timeout when triggered), writes still
+    blocked after a short grace are closed, so the server always stops.
     """
     check_fixes()
     if config.quic_bind:
         raise ValueError("smg_trio's server does not serve HTTP/3 (quic_bind)")
     connections = Connections()
-    stopped = trio.Event()
+    stopping, stopped = trio.Event(), trio.Event()
+
+    async def trigger() -> None:
+        if shutdown_trigger is None:
+            await trio.sleep_forever()
+        else:
+            await shutdown_trigger()
+        stopping.set()
+
     async with trio.open_nursery() as nursery:
         if math.isfinite(write_timeout_s):
             nursery.start_soon(connections.drop_stalled_writes, write_timeout_s)
@@ -114,7 +123,7 @@ async def serve(
                     wrap_app(app, config.wsgi_max_body_size, "asgi"),
                     config,
                     connections,
-                    shutdown_trigger=shutdown_trigger,
+                    shutdown_trigger=trigger,
                     task_status=task_status,
                 )
             finally:
@@ -124,7 +133,9 @@ async def serve(
         binds: list[str] = await nursery.start(run_server)
         task_status.started(binds)
         try:
-            await trio.sleep_forever()
+            await stopping.wait()  # triggered: in-flight requests get the graceful timeout
+            with trio.move_on_after(config.graceful_timeout):
+                await stopped.wait()
         finally:
             # Stopping: a write blocked on a client that stopped reading would hold its
             # connection, and so the server, open for as long as that client stays connected.
