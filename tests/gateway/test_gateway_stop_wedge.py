@@ -23,14 +23,16 @@ BIG = 64 << 20
 
 async def test_a_write_that_blocks_after_stopping_began_is_closed(monkeypatch: Any) -> None:
     first_pass = trio.Event()
-    real = hypercorn_close.close_blocked_writes
+    real = hypercorn_close.Connections.close_blocked_writes
 
-    async def spy(grace_s: float = hypercorn_close.BLOCKED_WRITE_GRACE_S) -> int:
-        closed = await real(grace_s)
+    async def spy(
+        self: hypercorn_close.Connections, grace_s: float = hypercorn_close.BLOCKED_WRITE_GRACE_S
+    ) -> int:
+        closed = await real(self, grace_s)
         first_pass.set()
         return closed
 
-    monkeypatch.setattr(hypercorn_close, "close_blocked_writes", spy)
+    monkeypatch.setattr(hypercorn_close.Connections, "close_blocked_writes", spy)
     responding = trio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -70,6 +72,53 @@ async def test_a_write_that_blocks_after_stopping_began_is_closed(monkeypatch: A
         with trio.fail_after(DEADLINE_S):
             await responding.wait()
         server_scope.cancel()  # stop, as the drain does; the client never reads
+        with trio.move_on_after(DEADLINE_S):
+            await stopped.wait()
+        in_time = stopped.is_set()
+        await client.aclose()  # unblocks a wedged server, so this test never hangs itself
+    assert in_time, "the server kept waiting on a client that is not reading"
+
+
+async def test_a_triggered_stop_closes_a_write_still_blocked_after_the_graceful_timeout() -> None:
+    """The shutdown trigger (not a cancel): in-flight requests get the graceful timeout, then
+    a write still blocked on a client that is not reading is closed and the server returns."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        head = [(b"content-length", str(BIG).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        responding.set()
+        await send({"type": "http.response.body", "body": b"x" * BIG})
+
+    responding, stop, stopped = trio.Event(), trio.Event(), trio.Event()
+    async with trio.open_nursery() as outer:
+
+        async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+            await serve_http(
+                app,  # type: ignore[arg-type]
+                "127.0.0.1",
+                0,
+                shutdown_trigger=stop.wait,
+                graceful_timeout_s=0.2,
+                task_status=task_status,
+            )
+            stopped.set()
+
+        binds = await outer.start(run)
+        host, port = binds[0].removeprefix("http://").rsplit(":", 1)
+        sock = trio.socket.socket()
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+        await sock.connect((host, int(port)))
+        client = trio.SocketStream(sock)
+        await client.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        with trio.fail_after(DEADLINE_S):
+            await responding.wait()
+        stop.set()  # the client never reads
         with trio.move_on_after(DEADLINE_S):
             await stopped.wait()
         in_time = stopped.is_set()

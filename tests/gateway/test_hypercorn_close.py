@@ -23,10 +23,12 @@ class _Stream:
     socket: _Sock = attrs.Factory(_Sock)
 
 
-@attrs.define(eq=False, slots=False)  # the close marks itself with an attribute
+@attrs.define(eq=False)
 class _Server:
     send_lock: trio.Lock = attrs.Factory(trio.Lock)
     stream: _Stream = attrs.Factory(_Stream)
+    closing: bool = False  # set while the connection's own close holds the send lock
+    write_since: float | None = None
 
 
 async def _hold(lock: trio.Lock, until: trio.Event, task_status: trio.TaskStatus[None]) -> None:
@@ -42,8 +44,9 @@ async def _set(event: trio.Event) -> None:
 async def test_only_stuck_writes_are_closed() -> None:
     stuck, finishing, closing, idle = _Server(), _Server(), _Server(), _Server()
     never, soon = trio.Event(), trio.Event()
-    setattr(closing, hypercorn_close._CLOSING, True)
+    closing.closing = True
     servers = (stuck, finishing, closing, idle)
+    connections = hypercorn_close.Connections()
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             await nursery.start(_hold, stuck.send_lock, never)
@@ -51,12 +54,8 @@ async def test_only_stuck_writes_are_closed() -> None:
             await nursery.start(_hold, closing.send_lock, never)
             nursery.start_soon(_set, soon)  # this write ends within the grace
             for server in servers:
-                hypercorn_close._LIVE.add(server)
-            try:
-                assert await hypercorn_close.close_blocked_writes(grace_s=0.2) == 1
-            finally:
-                for server in servers:
-                    hypercorn_close._LIVE.discard(server)
+                connections.add(server)
+            assert await connections.close_blocked_writes(grace_s=0.2) == 1
             nursery.cancel_scope.cancel()
     assert stuck.stream.socket.closed
     assert not finishing.stream.socket.closed

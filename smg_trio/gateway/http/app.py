@@ -1,16 +1,14 @@
-"""``create_app``: the quart-trio application, and ``serve_http``: hypercorn's trio server."""
+"""``create_app``: the quart-trio application, and ``serve_http``: smg_trio's hypercorn server."""
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import msgspec
 import trio
 from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve as hypercorn_serve
 from quart import Request, Response, request
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
@@ -28,10 +26,10 @@ from smg_trio.gateway.http.routes import Route, inference_routes
 from smg_trio.gateway.http.sse import StreamBody
 from smg_trio.gateway.openai.errors import ApiError, to_api_error
 from smg_trio.gateway.openai.models import model_detail, model_list
-from smg_trio.gateway.server import hypercorn_close, hypercorn_errors
 from smg_trio.gateway.server.asgi_guard import RequestGuard
 from smg_trio.gateway.server.asgi_shield import ShieldedFinish
 from smg_trio.gateway.server.direct import SERVER_SEND_KEY, DirectSocket
+from smg_trio.gateway.server.serve import serve
 from smg_trio.tokenizer import REASONING_PARSERS
 
 __all__ = ["GATEWAY_KEY", "create_app", "gateway_of", "listen_backlog", "serve_http"]
@@ -236,7 +234,9 @@ async def serve_http(
     graceful_timeout_s: float = 30.0,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` with hypercorn's trio worker on ``host:port`` (port 0: any free port).
+    """Serve ``app`` with smg_trio's hypercorn server
+    (:func:`smg_trio.gateway.server.serve.serve`: hypercorn's trio worker, its fixes applied to
+    this server only) on ``host:port`` (port 0: any free port).
 
     For ``binds = await nursery.start(serve_http, app, host, port)``: ``binds`` is the list of
     bound base URLs, e.g. ``["http://127.0.0.1:41234"]``. Runs until cancelled or until
@@ -245,44 +245,15 @@ async def serve_http(
     blocked for the app's ``write_timeout_s`` drops its connection; the listen backlog is
     :func:`listen_backlog`.
     """
-    hypercorn_close.install()
-    hypercorn_errors.install()
     cfg = hyper_config(host, port, graceful_timeout_s)
     gw = getattr(app, "extensions", {}).get(GATEWAY_KEY)  # a bare ASGI app has none
     write_timeout_s = (
         gw.config.write_timeout_s if isinstance(gw, Gateway) else DEFAULT_WRITE_TIMEOUT_S
     )
-    stopped = trio.Event()
-    async with trio.open_nursery() as nursery:
-        if math.isfinite(write_timeout_s):
-            nursery.start_soon(hypercorn_close.drop_stalled_writes, cfg, write_timeout_s)
-
-        async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
-            try:
-                await hypercorn_serve(
-                    ShieldedFinish(app),  # type: ignore[arg-type]
-                    cfg,
-                    shutdown_trigger=shutdown_trigger,
-                    task_status=task_status,
-                )
-            finally:
-                stopped.set()
-            nursery.cancel_scope.cancel()  # it ended by itself (shutdown_trigger)
-
-        binds: list[str] = await nursery.start(run_server)
-        task_status.started(binds)
-        try:
-            await trio.sleep_forever()
-        finally:
-            # Stopping: a write blocked on a client that stopped reading would hold its
-            # connection, and so the server, open for as long as that client stays connected.
-            # Swept until the server has stopped, not once: a response's last message is sent
-            # under a shield, so a write can start (and block) after stopping began.
-            stuck = 0
-            with trio.CancelScope(shield=True):  # each sweep bounded by BLOCKED_WRITE_GRACE_S
-                while not stopped.is_set():
-                    stuck += await hypercorn_close.close_blocked_writes()
-                    with trio.move_on_after(hypercorn_close.BLOCKED_WRITE_GRACE_S):
-                        await stopped.wait()
-            if stuck:
-                log.warning("closed %d connection(s) whose client stopped reading", stuck)
+    await serve(
+        ShieldedFinish(app),  # type: ignore[arg-type]
+        cfg,
+        write_timeout_s=write_timeout_s,
+        shutdown_trigger=shutdown_trigger,
+        task_status=task_status,
+    )

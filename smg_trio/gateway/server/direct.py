@@ -9,28 +9,47 @@ headers are out, nobody else is writing, and the socket has room. Whatever canno
 once goes back to the request's task and the ordinary (blocking, backpressured) ASGI path, so a
 slow client still never stalls the output loop.
 
-This reaches into hypercorn's connection objects (checked against hypercorn 0.18.0 and h11
-0.16). Each assumption is checked when a response is attached; when any fails (TLS, HTTP/2, an
-HTTP/1.0 client, another server or version) :meth:`DirectSocket.of` returns ``None`` and the
-stream uses the ASGI path only.
+This reaches into hypercorn's connection objects and h11's body writer (verified against
+hypercorn 0.18 and h11 0.16; :data:`FIX` names what it relies on, checked when smg_trio's
+server starts). Each assumption is checked when a response is attached; when any fails (TLS,
+HTTP/2, an HTTP/1.0 client, another server) :meth:`DirectSocket.of` returns ``None`` and the
+stream uses the ASGI path only. h11's private ``_writers`` module is imported on first use,
+not at import time.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
+from typing import Final
 
 import h11
 import trio
-from h11._writers import ChunkedWriter
 from hypercorn.events import RawData
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import HTTPStream
 from hypercorn.trio.tcp_server import TCPServer
 
-__all__ = ["SERVER_SEND_KEY", "DirectSocket"]
+from smg_trio.gateway.server.fixes import Fix, missing_attrs, unset_attrs
+
+__all__ = ["FIX", "SERVER_SEND_KEY", "DirectSocket", "frame_chunk"]
 
 #: ``scope["extensions"]`` key under which the ASGI wrapper leaves the server's own ``send``.
 SERVER_SEND_KEY = "smg_trio.server_send"
+
+
+def frame_chunk(data: bytes) -> bytes:
+    """``data`` as one HTTP/1.1 chunk, byte for byte what h11's ``ChunkedWriter`` writes
+    (``data`` must not be empty: an empty chunk ends the body)."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+@functools.cache
+def _chunked_writer() -> type:
+    """h11's (private) chunked body writer class, imported on first use."""
+    writer: type = importlib.import_module("h11._writers").ChunkedWriter
+    return writer
 
 
 class DirectSocket:
@@ -71,7 +90,7 @@ class DirectSocket:
         may :meth:`try_write` be used (call it after the first body message was sent)."""
         conn = self._proto.connection
         return conn.our_state is h11.SEND_BODY and isinstance(
-            getattr(conn, "_writer", None), ChunkedWriter
+            getattr(conn, "_writer", None), _chunked_writer()
         )
 
     def try_write(self, data: bytes) -> bytes | None:
@@ -89,7 +108,7 @@ class DirectSocket:
         fd = self._socket.socket.fileno()  # re-read: -1 once closed (a cached fd may be reused)
         if fd < 0:
             return None
-        frame = b"%x\r\n%b\r\n" % (len(data), data)
+        frame = frame_chunk(data)
         try:
             sent = os.write(fd, frame)
         except OSError:  # EAGAIN, EPIPE, ECONNRESET...: the ASGI path handles each
@@ -100,3 +119,26 @@ class DirectSocket:
         """Send already-framed bytes (a partial chunk's tail) through hypercorn's own locked,
         shielded socket write, which waits for room and handles a broken connection."""
         await self._tcp.protocol_send(RawData(data=data))
+
+
+def _probe() -> list[str]:
+    return [
+        *missing_attrs(h11.Connection(h11.SERVER), ("_writer",)),
+        *unset_attrs(HTTPStream, ("send", "closed")),
+        *unset_attrs(H11Protocol, ("send", "connection")),
+        *unset_attrs(TCPServer, ("send_lock", "stream")),
+    ]
+
+
+FIX: Final = Fix(
+    name="direct chunk writes (gateway/server/direct.py)",
+    verified={"hypercorn": "0.18", "h11": "0.16"},
+    targets=(
+        "h11._writers:ChunkedWriter",
+        "hypercorn.protocol.http_stream:HTTPStream.app_send",
+        "hypercorn.protocol.h11:H11Protocol.stream_send",
+        "hypercorn.trio.tcp_server:TCPServer.protocol_send",
+        "hypercorn.events:RawData",
+    ),
+    probe=_probe,
+)

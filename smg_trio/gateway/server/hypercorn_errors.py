@@ -3,30 +3,33 @@
 When h11 cannot parse a request (a malformed request line or header, headers over h11's
 limit, an unsupported HTTP version), hypercorn 0.18 answers from
 ``H11Protocol._send_error_response`` (``hypercorn/protocol/h11.py``) with the status h11
-suggests (400, 431, 505...) and an empty body, before any application code runs. The
-replacement sends the same status and ``connection: close``, with the OpenAI envelope as a JSON
-body, like every other error of the gateway. Installed once, by :func:`install`, from
-:func:`smg_trio.gateway.http.app.serve_http`.
+suggests (400, 431, 505...) and an empty body, before any application code runs.
+:class:`EnvelopeH11Protocol` sends the same status and ``connection: close``, with the OpenAI
+envelope as a JSON body, like every other error of the gateway. It is built only by
+:class:`EnvelopeProtocolWrapper`, the protocol of the servers smg_trio starts
+(:mod:`smg_trio.gateway.server.serve`); hypercorn's own classes stay as they ship.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from itertools import chain
-from typing import Any
+from typing import Any, Final
 
 import h11
+from hypercorn.config import Config
+from hypercorn.events import Event
+from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
 
 from smg_trio.gateway.openai.errors import ApiError
+from smg_trio.gateway.server.fixes import Fix, missing_attrs
 
-__all__ = ["install", "protocol_error_body"]
-
-log = logging.getLogger(__name__)
-
-_MARK = "_smg_trio_error_envelope"
+__all__ = ["FIX", "EnvelopeH11Protocol", "EnvelopeProtocolWrapper", "protocol_error_body"]
 
 
 def protocol_error_body(status: int) -> bytes:
@@ -40,16 +43,10 @@ def protocol_error_body(status: int) -> bytes:
     ).body()
 
 
-def install() -> None:
-    """Replace ``H11Protocol._send_error_response`` once per process (idempotent). Logs and
-    does nothing if this hypercorn no longer has it."""
-    original: Callable[[Any, int], Awaitable[None]] | None = getattr(
-        H11Protocol, "_send_error_response", None
-    )
-    if original is None or getattr(original, _MARK, False):
-        return
+class EnvelopeH11Protocol(H11Protocol):
+    """hypercorn's HTTP/1.1 protocol, whose protocol errors carry the OpenAI envelope."""
 
-    async def _send_error_response(self: Any, status_code: int) -> None:
+    async def _send_error_response(self, status_code: int) -> None:
         body = protocol_error_body(status_code)
         headers = [
             (b"content-type", b"application/json"),
@@ -65,6 +62,84 @@ def install() -> None:
         await self._send_h11_event(h11.Data(data=body))
         await self._send_h11_event(h11.EndOfMessage())
 
-    setattr(_send_error_response, _MARK, True)
-    H11Protocol._send_error_response = _send_error_response  # type: ignore[method-assign]
-    log.debug("hypercorn protocol errors now carry the OpenAI error envelope")
+
+class EnvelopeProtocolWrapper(ProtocolWrapper):
+    """hypercorn 0.18's ``ProtocolWrapper``, with :class:`EnvelopeH11Protocol` for HTTP/1.1
+    (HTTP/2, by ALPN or by upgrade, is hypercorn's own ``H2Protocol``)."""
+
+    def __init__(
+        self,
+        app: Any,
+        config: Config,
+        context: Any,
+        task_group: Any,
+        state: ConnectionState,
+        ssl: bool,
+        client: tuple[str, int] | None,
+        server: tuple[str, int] | None,
+        send: Callable[[Event], Awaitable[None]],
+        alpn_protocol: str | None = None,
+    ) -> None:
+        # ProtocolWrapper.__init__ stores these and builds the protocol; only the class differs
+        self.app = app
+        self.config = config
+        self.context = context
+        self.task_group = task_group
+        self.ssl = ssl
+        self.client = client
+        self.server = server
+        self.send = send
+        self.state = state
+        protocol = H2Protocol if alpn_protocol == "h2" else EnvelopeH11Protocol
+        self.protocol: H11Protocol | H2Protocol = protocol(
+            app, config, context, task_group, state, ssl, client, server, send
+        )
+
+
+#: ``ProtocolWrapper.__init__``'s parameters in hypercorn 0.18 (replicated above).
+_WRAPPER_PARAMETERS: Final = (
+    "app",
+    "config",
+    "context",
+    "task_group",
+    "state",
+    "ssl",
+    "client",
+    "server",
+    "send",
+    "alpn_protocol",
+)
+
+
+def _probe() -> list[str]:
+    proto = H11Protocol(
+        None,  # type: ignore[arg-type]
+        Config(),
+        WorkerContext(None),
+        None,  # type: ignore[arg-type]
+        ConnectionState({}),
+        False,
+        None,
+        None,
+        None,  # type: ignore[arg-type]
+    )
+    missing = missing_attrs(proto, ("config", "connection", "send"))
+    init = ProtocolWrapper.__init__.__code__
+    names = init.co_varnames[1 : init.co_argcount]
+    if names != _WRAPPER_PARAMETERS:
+        missing.append(f"ProtocolWrapper.__init__ with these parameters (it has {names})")
+    return missing
+
+
+FIX: Final = Fix(
+    name="protocol errors in the OpenAI envelope (gateway/server/hypercorn_errors.py)",
+    verified={"hypercorn": "0.18"},
+    targets=(
+        "hypercorn.protocol.h11:H11Protocol._send_error_response",
+        "hypercorn.protocol.h11:H11Protocol._send_h11_event",
+        "hypercorn.protocol.h2:H2Protocol",
+        "hypercorn.protocol:ProtocolWrapper.handle",
+        "hypercorn.config:Config.response_headers",
+    ),
+    probe=_probe,
+)
