@@ -11,6 +11,7 @@ from smg_trio.gateway.config import (
     DEFAULT_QUEUE_TIMEOUT_S,
     DEFAULT_WRITE_TIMEOUT_S,
 )
+from smg_trio.worker.jobs import DEFAULT_JOB_TTL_S, DEFAULT_MAX_FINISHED_JOBS
 
 __all__ = ["EngineLaunchConfig", "GatewayConfig"]
 
@@ -47,6 +48,8 @@ class GatewayConfig:
       means the Hugging Face hub cache.
 
     The request limits mean what :class:`~smg_trio.gateway.config.GatewayHttpConfig` says.
+    ``max_finished_jobs`` and ``job_ttl_s`` bound the registration jobs table: a finished job
+    expires once that many newer ones finished, or that many seconds after it finished.
     """
 
     host: str = "127.0.0.1"
@@ -70,6 +73,8 @@ class GatewayConfig:
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     worker_startup_timeout_s: float = 600.0
     engine_silence_timeout_s: float = 300.0
+    max_finished_jobs: int = DEFAULT_MAX_FINISHED_JOBS
+    job_ttl_s: float = DEFAULT_JOB_TTL_S
     shutdown_grace_period_s: float = 30.0
     engines: EngineLaunchConfig | None = None
     allow_insecure_admin: bool = False
