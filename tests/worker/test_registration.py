@@ -69,13 +69,18 @@ def handshake_port_free(address: str) -> bool:
     return True
 
 
-def assert_cleaned_up(manager: WorkerManager, namespace: IpcNamespace, spec: WorkerSpec) -> None:
-    """What the failure step must leave: no sockets, no ipc files, no registry or model entry."""
+async def assert_cleaned_up(
+    manager: WorkerManager, namespace: IpcNamespace, spec: WorkerSpec
+) -> None:
+    """What the failure step must leave: no registry or model entry, no ipc files, and the
+    handshake port released (libzmq frees the fd in its I/O thread just after the close)."""
     assert spec.zmq_handshake_address is not None
     assert len(manager.registry) == 0
     assert manager.get_model("m") is None
     assert socket_files(namespace, spec.url.rsplit("/", 1)[-1]) == []
-    assert handshake_port_free(spec.zmq_handshake_address)
+    address = spec.zmq_handshake_address
+    with trio.fail_after(5.0):
+        await wait_until(lambda: handshake_port_free(address))
 
 
 async def wait_done(job: RegistrationJob) -> None:
@@ -100,7 +105,7 @@ async def test_handshake_step_timeout_fails_the_job_with_a_clear_error(
         assert job.error == ("step handshake: step 'handshake' attempt 2 timed out after 0.2 s")
         assert job.to_json()["attempts"]["handshake"] == 2
         assert job.steps["cleanup"] == "succeeded"
-        assert_cleaned_up(manager, ns, spec)
+        await assert_cleaned_up(manager, ns, spec)
 
 
 async def test_transient_handshake_failure_is_retried_then_succeeds(
@@ -108,7 +113,8 @@ async def test_transient_handshake_failure_is_retried_then_succeeds(
 ) -> None:
     """A peer that says HELLO and never READY (an engine that died mid-handshake) times the
     first attempt out; the retry, on the same handshake ROUTER, takes the real engine."""
-    async with open_manager(ready_timeout_s=0.3, registration_timing=timing()) as (
+    t = timing(handshake_retry=RetryPolicy(max_attempts=5, initial_s=0.01, max_s=0.01))
+    async with open_manager(ready_timeout_s=1.0, registration_timing=t) as (
         manager,
         nursery,
     ):
@@ -214,4 +220,4 @@ async def test_inconsistent_dp_group_fails_and_the_failure_step_cleans_up(
         assert job.to_json()["attempts"]["check_dp_group"] == 1
         assert job.steps["handshake"] == "succeeded"
         assert job.steps["cleanup"] == "succeeded"
-        assert_cleaned_up(manager, ns, spec)
+        await assert_cleaned_up(manager, ns, spec)
