@@ -34,6 +34,7 @@ from smg_trio.gateway.config import (
     REQUEST_TOKENS_CONTEXTS,
 )
 from smg_trio.transport.handshake import READY_TIMEOUT_S
+from smg_trio.worker.jobs import DEFAULT_JOB_TTL_S, DEFAULT_MAX_FINISHED_JOBS
 from smg_trio.worker.policies import DEFAULT_POLICY, POLICY_NAMES
 
 __all__ = ["main"]
@@ -212,6 +213,20 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=_seconds(allow_zero=False),
         default=READY_TIMEOUT_S,
         help="per-stage engine handshake deadline in seconds (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-finished-jobs",
+        type=_int_at_least(0),
+        default=DEFAULT_MAX_FINISHED_JOBS,
+        help="finished registration jobs kept for GET /workers/jobs/{id}; older ones expire "
+        "(default %(default)s)",
+    )
+    g.add_argument(
+        "--job-ttl-secs",
+        type=_seconds(allow_zero=True, allow_inf=True),
+        default=DEFAULT_JOB_TTL_S,
+        help="how long a finished registration job stays readable; inf keeps it until "
+        "--max-finished-jobs newer ones finished (default %(default)s)",
     )
     g.add_argument(
         "--engine-silence-timeout-secs",
@@ -436,6 +451,8 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "write_timeout_s": args.write_timeout_secs,
         "worker_startup_timeout_s": args.worker_startup_timeout_secs,
         "engine_silence_timeout_s": args.engine_silence_timeout_secs,
+        "max_finished_jobs": args.max_finished_jobs,
+        "job_ttl_s": args.job_ttl_secs,
         "shutdown_grace_period_s": args.shutdown_grace_period_secs,
         "allow_insecure_admin": args.allow_insecure_admin,
         "allowed_socket_dirs": tuple(args.allowed_socket_dirs or ()),

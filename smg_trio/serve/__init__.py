@@ -261,6 +261,8 @@ async def serve(
             ready_timeout_s=config.worker_startup_timeout_s,
             silence_timeout_s=config.engine_silence_timeout_s,
             confinement=_confinement(config),
+            max_finished_jobs=config.max_finished_jobs,
+            job_ttl_s=config.job_ttl_s,
         )
         registered: set[str] = set()
         runs: dict[str, _EngineRun] = {}

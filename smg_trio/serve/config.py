@@ -16,6 +16,7 @@ from smg_trio.gateway.config import (
     DEFAULT_WRITE_TIMEOUT_S,
 )
 from smg_trio.transport.handshake import READY_TIMEOUT_S
+from smg_trio.worker.jobs import DEFAULT_JOB_TTL_S, DEFAULT_MAX_FINISHED_JOBS
 from smg_trio.worker.policies import DEFAULT_POLICY
 
 __all__ = [
@@ -64,6 +65,8 @@ class GatewayConfig:
       means the Hugging Face hub cache.
 
     The request limits mean what :class:`~smg_trio.gateway.config.GatewayHttpConfig` says.
+    ``max_finished_jobs`` and ``job_ttl_s`` bound the registration jobs table: a finished job
+    expires once that many newer ones finished, or that many seconds after it finished.
     """
 
     host: str = DEFAULT_HOST
@@ -87,6 +90,8 @@ class GatewayConfig:
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     worker_startup_timeout_s: float = READY_TIMEOUT_S
     engine_silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S
+    max_finished_jobs: int = DEFAULT_MAX_FINISHED_JOBS
+    job_ttl_s: float = DEFAULT_JOB_TTL_S
     shutdown_grace_period_s: float = DEFAULT_SHUTDOWN_GRACE_PERIOD_S
     engines: EngineLaunchConfig | None = None
     allow_insecure_admin: bool = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -18,7 +18,7 @@ from smg_trio.connector.client import (
     EngineClient,
     open_engine_client,
 )
-from smg_trio.errors import ConflictError, EngineError, HandshakeError, SmgError, ValidationError
+from smg_trio.errors import ConflictError, EngineError, SmgError, ValidationError
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol
@@ -29,14 +29,28 @@ from smg_trio.tokenizer.modeldir import ModelDir
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.topology import HandshakeSocket, bind_handshake_socket
 from smg_trio.worker.confine import WorkerConfinement, escape, require_printable
+from smg_trio.worker.jobs import (
+    DEFAULT_JOB_TTL_S,
+    DEFAULT_MAX_FINISHED_JOBS,
+    JobTable,
+    RegistrationJob,
+)
 from smg_trio.worker.policies import DEFAULT_POLICY, LoadBalancingPolicy, make_policy
+from smg_trio.worker.registration import (
+    RegistrationTiming,
+    bind_retryable,
+    check_dp_group,
+    handshake_retryable,
+    tokenizer_retryable,
+)
 from smg_trio.worker.registry import Worker, WorkerConflictError, WorkerRegistry
 from smg_trio.workflow import (
+    ContextKey,
     StepDefinition,
     WorkflowContext,
     WorkflowDefinition,
     WorkflowEngine,
-    WorkflowResult,
+    WorkflowError,
     WorkflowStatus,
 )
 
@@ -49,6 +63,12 @@ Runtime = Literal["vllm", "tokenspeed"]
 REBIND_BACKOFF_S = 0.5
 #: How long removal waits for a worker's in-flight requests before cancelling them.
 DRAIN_TIMEOUT_S = 30.0
+
+#: The registration context: the reserved worker, the handshake attempt function that the
+#: ``bind_handshake`` step leaves for ``handshake``, and the context length to serve.
+_WORKER: ContextKey[WorkerState] = ContextKey("worker")
+_CONNECT: ContextKey[Callable[[], Awaitable[None]]] = ContextKey("connect")
+_MAX_MODEL_LEN: ContextKey[int] = ContextKey("max_model_len")
 
 _PROTOCOLS: dict[str, type[VllmProtocol] | type[TokenSpeedProtocol]] = {
     "vllm": VllmProtocol,
@@ -70,6 +90,12 @@ class WorkerSpec:
     reasoning_parser: str | None = None
 
 
+def _set_event() -> trio.Event:
+    event = trio.Event()
+    event.set()
+    return event
+
+
 @attrs.define(eq=False, kw_only=True)
 class WorkerState(Worker):
     """A registered worker (:class:`~smg_trio.worker.registry.Worker`) plus its lifecycle:
@@ -81,7 +107,9 @@ class WorkerState(Worker):
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     registration_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     idle: trio.Event = attrs.field(factory=trio.Event)
-    connected: trio.Event = attrs.field(factory=trio.Event)
+    #: Set once the connection supervisor (and with it every socket) is gone; set while none
+    #: was started.
+    stopped: trio.Event = attrs.field(factory=_set_event)
     #: Set (then replaced by a fresh event) whenever ``client`` is assigned or cleared; grab it
     #: before reading ``client`` to wait for the next change without missing one.
     client_changed: trio.Event = attrs.field(factory=trio.Event)
@@ -135,30 +163,6 @@ class WorkerState(Worker):
                 }
                 for ld in (c.load() if c else [])
             ],
-        }
-
-
-@attrs.define(eq=False)
-class RegistrationJob:
-    """One registration workflow run (``GET /workers/jobs/{id}``)."""
-
-    job_id: str
-    spec: WorkerSpec
-    status: Literal["pending", "running", "succeeded", "failed", "cancelled"] = "pending"
-    worker_id: str | None = None
-    error: str | None = None
-    steps: dict[str, str] = attrs.field(factory=dict)
-    done: trio.Event = attrs.field(factory=trio.Event)
-
-    def to_json(self) -> dict[str, Any]:
-        """The job status document."""
-        return {
-            "job_id": self.job_id,
-            "status": self.status,
-            "worker_id": self.worker_id,
-            "url": self.spec.url,
-            "error": self.error,
-            "steps": self.steps,
         }
 
 
@@ -223,6 +227,9 @@ class WorkerManager:
         silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
         confinement: WorkerConfinement | None = None,
+        max_finished_jobs: int = DEFAULT_MAX_FINISHED_JOBS,
+        job_ttl_s: float = DEFAULT_JOB_TTL_S,
+        registration_timing: RegistrationTiming | None = None,
     ) -> None:
         self._nursery = nursery
         #: What worker specs may touch (default: :meth:`WorkerConfinement.default`).
@@ -232,9 +239,11 @@ class WorkerManager:
         self.silence_timeout_s = silence_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self.registry = WorkerRegistry()
-        self.jobs: dict[str, RegistrationJob] = {}
+        #: Registration jobs; finished ones expire by count and age.
+        self.jobs = JobTable(max_finished=max_finished_jobs, ttl_s=job_ttl_s)
         self.models: dict[str, ServedModel] = {}
         self._draining = False
+        self.timing = registration_timing or RegistrationTiming()
         self.engine = WorkflowEngine()
         self.definition = self._registration_definition()
 
@@ -366,7 +375,7 @@ class WorkerManager:
             param = "url" if exc.existing_url == spec.url else "zmq_handshake_address"
             raise ConflictError(str(exc), param=param, code="worker_conflict") from exc
         job = RegistrationJob(job_id=str(uuid.uuid4()), spec=spec, worker_id=worker.worker_id)
-        self.jobs[job.job_id] = job
+        self.jobs.add(job)
         self._nursery.start_soon(self._run_registration, job, worker)
         return job
 
@@ -383,13 +392,27 @@ class WorkerManager:
         return worker
 
     def _registration_definition(self) -> WorkflowDefinition:
+        """The registration DAG::
+
+            load_tokenizer -> bind_handshake -> handshake -> discover_metadata
+                -> check_dp_group (run_if dp_size > 1) -> activate
+            on failure: cleanup
+
+        Nothing is bound or created before the model directory passed its checks. The
+        handshake ROUTER is bound once (``bind_handshake``) and kept across handshake retries,
+        so a HELLO sent between two attempts waits in its queue instead of being lost.
+        """
+        t = self.timing
+
         async def load_tokenizer(ctx: WorkflowContext) -> None:
-            worker: WorkerState = ctx.get("worker")
+            worker = ctx.get(_WORKER)
+            # Abandoned on timeout: a wedged filesystem read cannot hold the registration.
             tok, (eos, extra), max_len = await trio.to_thread.run_sync(
-                _load_model, worker.spec.model_path, self.confinement.model_dirs
+                _load_model,
+                worker.spec.model_path,
+                self.confinement.model_dirs,
+                abandon_on_cancel=True,
             )
-            ctx.set("tokenizer", tok)
-            ctx.set("eos", (eos, extra))
             if worker.model_id not in self.models:
                 # Known (so requests get 503, not 404) before the engine is ready.
                 self.models[worker.model_id] = ServedModel(
@@ -402,33 +425,51 @@ class WorkerManager:
                     reasoning_parser=worker.spec.reasoning_parser,
                 )
 
-        async def connect(ctx: WorkflowContext) -> None:
-            worker: WorkerState = ctx.get("worker")
-            self._nursery.start_soon(self._supervise, worker)
-            with trio.fail_after(self.ready_timeout_s + 5):
-                await worker.connected.wait()
-            if worker.client is None:
-                raise HandshakeError(worker.last_error or "engine handshake failed")
+        async def bind_handshake(ctx: WorkflowContext) -> None:
+            worker = ctx.get(_WORKER)
+            ctx.set(_CONNECT, await self._nursery.start(self._supervise, worker))
+
+        async def handshake(ctx: WorkflowContext) -> None:
+            await ctx.get(_CONNECT)()
 
         async def discover(ctx: WorkflowContext) -> None:
-            worker: WorkerState = ctx.get("worker")
-            assert worker.client is not None
-            ready = worker.client.ready_responses[0]
+            worker = ctx.get(_WORKER)
+            client = worker.engine_client
+            assert client is not None
+            ready = client.ready_responses[0]
             worker.metadata.update(
                 max_model_len=ready.max_model_len,
                 engine_version=ready.vllm_version,
                 dtype=ready.dtype,
                 data_parallel_size=ready.data_parallel_size,
-                engine_count=len(worker.client.engines),
+                engine_count=len(client.engines),
                 block_size=ready.block_size_tokens,
             )
+            ctx.set(_MAX_MODEL_LEN, client.max_model_len)
+
+        async def dp_group(ctx: WorkflowContext) -> None:
+            worker = ctx.get(_WORKER)
+            client = worker.engine_client
+            assert client is not None
+            group = check_dp_group(worker.dp_size, client.engines)
+            if group.max_model_len != client.max_model_len:
+                log.warning(
+                    "worker %r: DP ranks report different max_model_len; using the smallest, %d",
+                    worker.spec.url,
+                    group.max_model_len,
+                )
+            worker.metadata.update(
+                dp_ranks=list(group.ranks),
+                dp_mode="lockstep" if group.lockstep else "independent",
+                max_model_len=group.max_model_len,
+            )
+            ctx.set(_MAX_MODEL_LEN, group.max_model_len)
 
         async def activate(ctx: WorkflowContext) -> None:
-            worker: WorkerState = ctx.get("worker")
+            worker = ctx.get(_WORKER)
             model = self.models.get(worker.model_id)
-            assert worker.client is not None
             if model is not None:
-                model.max_model_len = worker.client.max_model_len
+                model.max_model_len = ctx.get(_MAX_MODEL_LEN)
             worker.status = "ready"
             log.info(
                 "worker %r (%s, model %r) is ready",
@@ -437,69 +478,143 @@ class WorkerManager:
                 worker.model_id,
             )
 
+        async def cleanup(ctx: WorkflowContext) -> None:
+            # Undo what the failed run did: stop the supervisor (its sockets close and the
+            # ipc files it created are unlinked), then drop the reserved registry entry and
+            # the model entry if this was the model's last worker.
+            worker = ctx.get(_WORKER)
+            worker.scope.cancel()
+            await worker.stopped.wait()
+            self._forget(worker)
+
         return WorkflowDefinition(
             "register_zmq_worker",
             [
-                StepDefinition("load_tokenizer", load_tokenizer),
-                # after the model dir passed its checks: nothing is bound or created before
-                StepDefinition("connect", connect, depends_on=("load_tokenizer",)),
-                StepDefinition("discover_metadata", discover, depends_on=("connect",)),
                 StepDefinition(
-                    "activate", activate, depends_on=("discover_metadata", "load_tokenizer")
+                    "load_tokenizer",
+                    load_tokenizer,
+                    timeout_s=t.tokenizer_timeout_s,
+                    retry=t.tokenizer_retry,
+                    is_retryable=tokenizer_retryable,
+                ),
+                StepDefinition(
+                    "bind_handshake",
+                    bind_handshake,
+                    depends_on=("load_tokenizer",),
+                    timeout_s=t.bind_timeout_s,
+                    retry=t.bind_retry,
+                    is_retryable=bind_retryable,
+                ),
+                StepDefinition(
+                    "handshake",
+                    handshake,
+                    depends_on=("bind_handshake",),
+                    timeout_s=t.handshake_timeout_s or 3 * self.ready_timeout_s,
+                    retry=t.handshake_retry,
+                    is_retryable=handshake_retryable,
+                ),
+                StepDefinition(
+                    "discover_metadata",
+                    discover,
+                    depends_on=("handshake",),
+                    timeout_s=t.step_timeout_s,
+                ),
+                StepDefinition(
+                    "check_dp_group",
+                    dp_group,
+                    depends_on=("discover_metadata",),
+                    run_if=lambda ctx: ctx.get(_WORKER).dp_size > 1,
+                    timeout_s=t.step_timeout_s,
+                ),
+                StepDefinition(
+                    "activate",
+                    activate,
+                    depends_on=("check_dp_group",),
+                    timeout_s=t.step_timeout_s,
                 ),
             ],
+            on_failure=StepDefinition("cleanup", cleanup, timeout_s=t.cleanup_timeout_s),
         )
 
     async def _run_registration(self, job: RegistrationJob, worker: WorkerState) -> None:
-        ctx = WorkflowContext()
-        ctx.set("worker", worker)
+        ctx = WorkflowContext({_WORKER.name: worker}, instance_id=job.job_id)
         job.status = "running"
-        result: WorkflowResult | None = None
+        with worker.registration_scope:
+            async with trio.open_nursery() as nursery:
+                job.run = await self.engine.start(nursery, self.definition, ctx)
+        status: Literal["succeeded", "failed", "cancelled"]
+        error: str | None = None
         try:
-            with worker.registration_scope:
-                result = await self.engine.run(self.definition, ctx)
-        except Exception as exc:  # state-store or engine fault: fail loudly
-            job.status, job.error = "failed", f"{type(exc).__name__}: {exc}"
+            result = None if job.run is None else await job.run.wait()
+        except WorkflowError as exc:  # an engine fault (already logged), not a step failure
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
         else:
-            if result is None:
-                job.status, job.error = "cancelled", "worker removed during registration"
+            if result is None or result.status is WorkflowStatus.CANCELLED:
+                status, error = "cancelled", "worker removed during registration"
+            elif result.status is WorkflowStatus.COMPLETED:
+                status = "succeeded"
             else:
-                job.steps = {k: str(v.status) for k, v in result.steps.items()}
-                if result.status is WorkflowStatus.COMPLETED:
-                    job.status = "succeeded"
-                else:
-                    job.status = "failed"
-                    where = f"step {result.failed_step}: " if result.failed_step else ""
-                    job.error = f"{where}{result.error}"
-        if job.status != "succeeded":
-            worker.scope.cancel()
-            self._forget(worker)
-            log.error(
-                "registration of %r %s: %s", worker.spec.url, job.status, escape(job.error or "")
-            )
-        job.done.set()
+                where = f"step {result.failed_step}: " if result.failed_step else ""
+                status, error = "failed", f"{where}{result.error}"
+        if status != "succeeded":
+            log.error("registration of %r %s: %s", worker.spec.url, status, escape(error or ""))
+        job.finish(status, error)
+        self.jobs.finished(job)
 
-    async def _supervise(self, worker: WorkerState) -> None:
-        """Keep the worker connected: bind + handshake, serve until the engine dies, mark it
-        unhealthy, re-bind the data plane and wait for the restarted engine to dial in again.
+    async def _supervise(
+        self,
+        worker: WorkerState,
+        *,
+        task_status: trio.TaskStatus[Callable[[], Awaitable[None]]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Own the worker's handshake ROUTER for the worker's whole life, and its connection.
 
-        The handshake ROUTER is bound once, for the worker's whole life: a restarted engine
-        sends HELLO once, often before the gateway has noticed the death, and a re-bind of that
-        socket would lose it (the engine would then wait minutes for an INIT).
+        Reports (``nursery.start``) once the ROUTER is bound, with the function that makes one
+        handshake attempt: it starts :meth:`_connect_loop` in this task's nursery and returns
+        once the first handshake completed, or raises its error (the registration's
+        ``handshake`` step, retried by the workflow). The connection then lives here: it serves
+        until the engine dies, marks the worker unhealthy, re-binds the data plane and waits
+        for the restarted engine to dial in again.
+
+        The ROUTER is bound once: a restarted engine sends HELLO once, often before the
+        gateway has noticed the death (or between two handshake attempts), and a re-bind of
+        that socket would lose it (the engine would then wait minutes for an INIT).
         """
         protocol: EngineProtocol = _PROTOCOLS[worker.runtime]()
-        with worker.scope:
-            try:
-                async with bind_handshake_socket(worker.addresses.handshake) as handshake:
-                    await self._connect_loop(worker, protocol, handshake)
-            except (EngineError, OSError) as exc:
-                worker.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("worker %r: %s", worker.spec.url, escape(worker.last_error))
-                worker.connected.set()  # registration sees client None and fails
+        # A fresh scope per start: a failed bind attempt has used up the previous one.
+        worker.scope = scope = trio.CancelScope()
+        if worker.status in ("draining", "removed"):
+            scope.cancel()
+        worker.stopped = stopped = trio.Event()
+        try:
+            with scope:
+                async with (
+                    bind_handshake_socket(worker.addresses.handshake) as hs,
+                    trio.open_nursery() as nursery,
+                ):
+
+                    async def connect() -> None:
+                        try:
+                            await nursery.start(self._connect_loop, worker, protocol, hs)
+                        except (EngineError, OSError) as exc:
+                            worker.last_error = f"{type(exc).__name__}: {exc}"
+                            log.warning("worker %r: %s", worker.spec.url, escape(worker.last_error))
+                            raise
+
+                    task_status.started(connect)
+                    await trio.sleep_forever()
+        finally:
+            stopped.set()
 
     async def _connect_loop(
-        self, worker: WorkerState, protocol: EngineProtocol, handshake: HandshakeSocket
+        self,
+        worker: WorkerState,
+        protocol: EngineProtocol,
+        handshake: HandshakeSocket,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        connected = False
         while True:
             try:
                 async with open_engine_client(
@@ -518,12 +633,14 @@ class WorkerManager:
                     if worker.status == "unhealthy":
                         worker.status = "ready"
                         log.info("worker %r reconnected", worker.spec.url)
-                    worker.connected.set()
+                    if not connected:
+                        connected = True
+                        task_status.started()
                     await client.dead_event.wait()
                     worker.last_error = str(client.dead_reason)
             except (EngineError, OSError) as exc:
-                if not worker.connected.is_set():
-                    raise
+                if not connected:
+                    raise  # to the registration's handshake attempt
                 worker.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("worker %r: %s", worker.spec.url, escape(worker.last_error))
             worker.set_client(None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from smg_trio.workflow.context import WorkflowContext
 
 __all__ = [
-    "OnFailure",
     "RetryPolicy",
     "RunIf",
     "StepDefinition",
@@ -27,12 +26,6 @@ StepFn = Callable[["WorkflowContext"], Awaitable[Any]]
 
 #: A synchronous predicate deciding whether a ready step runs (``False``: skipped).
 RunIf = Callable[["WorkflowContext"], bool]
-
-#: What a step's final failure does. ``"fail_workflow"`` fails the run and cancels its other
-#: running steps; ``"continue"`` records the step as failed but lets its dependents proceed.
-OnFailure = Literal["fail_workflow", "continue"]
-
-_ON_FAILURE: frozenset[str] = frozenset({"fail_workflow", "continue"})
 
 
 @attrs.frozen
@@ -70,13 +63,6 @@ class RetryPolicy:
                 f"jitter_ratio must be within [0, 1], got {self.jitter_ratio}"
             )
 
-    @classmethod
-    def fixed(cls, interval_s: float, max_attempts: int) -> RetryPolicy:
-        """``max_attempts`` attempts, ``interval_s`` seconds apart (smg ``Backoff::Fixed``)."""
-        return cls(
-            max_attempts=max_attempts, initial_s=interval_s, multiplier=1.0, max_s=interval_s
-        )
-
     def delay_s(self, failed_attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after attempt ``failed_attempt`` (1-based) failed.
 
@@ -108,37 +94,34 @@ def _steps(value: Iterable[StepDefinition]) -> tuple[StepDefinition, ...]:
 
 @attrs.frozen
 class StepDefinition:
-    """One node of a workflow DAG.
+    """One node of a workflow DAG (or a workflow's failure step).
 
     Attributes:
         id: Unique within its workflow.
         run: The body, called once per attempt with a per-attempt view of the context. Its
-            writes become visible to other steps only if the attempt succeeds. Raise
-            :class:`SkipStep` to end as skipped.
-        depends_on: All of these must be satisfied (succeeded, skipped, or failed with
-            ``on_failure="continue"``) before the step becomes ready.
-        depends_on_any: If non-empty, at least one of these must also be satisfied.
+            writes become visible to other steps only if the attempt succeeds.
+        depends_on: All of these must be satisfied (succeeded or skipped) before the step
+            becomes ready.
         run_if: Evaluated once when the step becomes ready; ``False`` skips it (a skipped step
             satisfies its dependents). An exception fails the step with that exception.
         retry: Attempts and backoff. Every ``Exception`` (including :class:`StepTimeoutError`)
             is retried unless ``is_retryable`` says otherwise.
         timeout_s: Per-attempt limit in seconds, or ``None`` for none.
-        on_failure: See :data:`OnFailure`.
         is_retryable: Optional predicate on a failed attempt's exception.
 
+    A step's final failure fails the run and cancels its other running steps.
+
     Raises:
-        WorkflowDefinitionError: an empty id, a non-positive ``timeout_s``, an unknown
-            ``on_failure``, or a string given where a sequence of ids is expected.
+        WorkflowDefinitionError: an empty id, a non-positive ``timeout_s``, or a string given
+            where a sequence of ids is expected.
     """
 
     id: str
     run: StepFn
     depends_on: tuple[str, ...] = attrs.field(default=(), converter=_step_ids)
-    depends_on_any: tuple[str, ...] = attrs.field(default=(), converter=_step_ids)
     run_if: RunIf | None = None
     retry: RetryPolicy = RetryPolicy()
     timeout_s: float | None = None
-    on_failure: OnFailure = "fail_workflow"
     is_retryable: Callable[[Exception], bool] | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -148,34 +131,33 @@ class StepDefinition:
             raise WorkflowDefinitionError(
                 f"step {self.id!r}: timeout_s must be > 0 s or None, got {self.timeout_s}"
             )
-        if self.on_failure not in _ON_FAILURE:
-            raise WorkflowDefinitionError(
-                f"step {self.id!r}: on_failure must be one of {sorted(_ON_FAILURE)}, "
-                f"got {self.on_failure!r}"
-            )
-
-    @property
-    def dependencies(self) -> tuple[str, ...]:
-        """Every step this one depends on, all-of first, without duplicates."""
-        return tuple(dict.fromkeys(self.depends_on + self.depends_on_any))
 
 
 @attrs.frozen
 class WorkflowDefinition:
-    """A validated DAG of steps.
+    """A validated DAG of steps, and the step that compensates for a failed run.
 
     Validation runs here, at definition time (smg runs it at ``register_workflow``).
 
+    ``on_failure`` is the compensation: when any step's final failure fails the run, the
+    engine first lets every other step end (they are cancelled), then runs ``on_failure``
+    with the run's context, under its own ``timeout_s`` and ``retry``. It sees what the
+    succeeded steps wrote, so it can undo exactly what was done. It does not run for a
+    completed run (it ends ``SKIPPED``) nor for a run whose caller cancelled it (the caller
+    owns that cleanup; it ends ``CANCELLED``). Its own failure is recorded in its step state
+    and does not change the run's error.
+
     Raises:
-        WorkflowDefinitionError: no steps, a duplicate step id, a dependency on an unknown step
-            (all-of or any-of), or a dependency cycle (the message names the cycle).
+        WorkflowDefinitionError: no steps, a duplicate step id, a dependency on an unknown step,
+            a dependency cycle (the message names the cycle), or an ``on_failure`` step that
+            has dependencies or reuses a step id.
     """
 
     id: str
     steps: tuple[StepDefinition, ...] = attrs.field(converter=_steps)
+    on_failure: StepDefinition | None = None
     _by_id: Mapping[str, StepDefinition] = attrs.field(init=False, repr=False, eq=False)
     _dependents: Mapping[str, tuple[str, ...]] = attrs.field(init=False, repr=False, eq=False)
-    _descendants: Mapping[str, frozenset[str]] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if not self.steps:
@@ -189,7 +171,7 @@ class WorkflowDefinition:
             by_id[step.id] = step
         dependents: dict[str, list[str]] = {step.id: [] for step in self.steps}
         for step in self.steps:
-            for dep in step.dependencies:
+            for dep in step.depends_on:
                 if dep not in by_id:
                     raise WorkflowDefinitionError(
                         f"workflow {self.id!r}: step {step.id!r} depends on unknown step {dep!r}"
@@ -201,27 +183,32 @@ class WorkflowDefinition:
                 f"workflow {self.id!r}: dependency cycle {' -> '.join(cycle)} "
                 "(each step depends on the next)"
             )
-        frozen_dependents = {sid: tuple(ids) for sid, ids in dependents.items()}
+        if self.on_failure is not None:
+            if self.on_failure.id in by_id:
+                raise WorkflowDefinitionError(
+                    f"workflow {self.id!r}: the on_failure step reuses step id "
+                    f"{self.on_failure.id!r}"
+                )
+            if self.on_failure.depends_on:
+                raise WorkflowDefinitionError(
+                    f"workflow {self.id!r}: the on_failure step {self.on_failure.id!r} runs "
+                    "after the run failed and cannot have dependencies"
+                )
         object.__setattr__(self, "_by_id", by_id)
-        object.__setattr__(self, "_dependents", frozen_dependents)
-        object.__setattr__(self, "_descendants", _descendants(frozen_dependents))
+        object.__setattr__(self, "_dependents", {k: tuple(v) for k, v in dependents.items()})
 
     @property
     def roots(self) -> tuple[str, ...]:
         """Ids of the steps with no dependencies, in definition order."""
-        return tuple(step.id for step in self.steps if not step.dependencies)
+        return tuple(step.id for step in self.steps if not step.depends_on)
 
     def step(self, step_id: str) -> StepDefinition:
         """The step named ``step_id``. Raises ``KeyError`` if there is none."""
         return self._by_id[step_id]
 
     def dependents(self, step_id: str) -> tuple[str, ...]:
-        """Ids of the steps that list ``step_id`` as an all-of or any-of dependency."""
+        """Ids of the steps that list ``step_id`` as a dependency."""
         return self._dependents[step_id]
-
-    def descendants(self, step_id: str) -> frozenset[str]:
-        """Ids of every step that transitively depends on ``step_id``."""
-        return self._descendants[step_id]
 
 
 def _find_cycle(
@@ -235,7 +222,7 @@ def _find_cycle(
     def visit(step_id: str) -> list[str] | None:
         path.append(step_id)
         on_path.add(step_id)
-        for dep in by_id[step_id].dependencies:
+        for dep in by_id[step_id].depends_on:
             if dep in on_path:
                 return [*path[path.index(dep) :], dep]
             if dep not in done:
@@ -253,17 +240,3 @@ def _find_cycle(
             if found is not None:
                 return found
     return None
-
-
-def _descendants(dependents: Mapping[str, tuple[str, ...]]) -> dict[str, frozenset[str]]:
-    result: dict[str, frozenset[str]] = {}
-    for root in dependents:
-        seen: set[str] = set()
-        stack = list(dependents[root])
-        while stack:
-            sid = stack.pop()
-            if sid not in seen:
-                seen.add(sid)
-                stack.extend(dependents[sid])
-        result[root] = frozenset(seen)
-    return result

@@ -12,37 +12,12 @@ import trio
 
 from smg_trio.workflow.context import WorkflowContext
 from smg_trio.workflow.definition import StepDefinition, WorkflowDefinition
-from smg_trio.workflow.errors import (
-    SkipStep,
-    StateStoreError,
-    StepTimeoutError,
-    WorkflowCancelled,
-    WorkflowError,
-    WorkflowFailed,
-)
-from smg_trio.workflow.events import (
-    DEFAULT_SUBSCRIBER_BUFFER,
-    EventBus,
-    EventKind,
-    WorkflowEvent,
-)
-from smg_trio.workflow.state import (
-    InMemoryStateStore,
-    StateStore,
-    StepState,
-    StepStatus,
-    WorkflowState,
-    WorkflowStatus,
-)
+from smg_trio.workflow.errors import StepTimeoutError, WorkflowError
+from smg_trio.workflow.state import StepState, StepStatus, WorkflowStatus
 
-__all__ = ["FINALIZE_TIMEOUT_S", "WorkflowEngine", "WorkflowHandle", "WorkflowResult"]
+__all__ = ["WorkflowEngine", "WorkflowHandle", "WorkflowResult"]
 
 logger = logging.getLogger(__name__)
-
-#: How long a finishing run may spend recording its final states, in seconds. This work is
-#: shielded from cancellation (a cancelled run must still record itself as cancelled), so it
-#: needs its own bound: a wedged store must not keep a cancelled run alive.
-FINALIZE_TIMEOUT_S = 10.0
 
 
 def _describe(exc: BaseException) -> str:
@@ -57,9 +32,9 @@ class WorkflowResult:
         instance_id: The run's id.
         workflow_id: The definition's id.
         status: ``COMPLETED``, ``FAILED`` or ``CANCELLED``.
-        steps: Final state of every step (all terminal).
+        steps: Final state of every step, the failure step included (all terminal).
         failed_step: The step whose failure failed the run, if any.
-        error: That step's exception, or the engine fault (``StateStoreError``), else ``None``.
+        error: That step's exception, or the engine fault, else ``None``.
     """
 
     instance_id: str
@@ -69,25 +44,6 @@ class WorkflowResult:
     failed_step: str | None = None
     error: BaseException | None = None
 
-    def raise_for_status(self) -> WorkflowResult:
-        """Return ``self`` if the run completed.
-
-        Raises:
-            WorkflowFailed: the run failed; ``__cause__`` is the step's exception.
-            WorkflowCancelled: the run was cancelled.
-        """
-        if self.status is WorkflowStatus.FAILED:
-            where = f" at step {self.failed_step!r}" if self.failed_step else ""
-            detail = f": {_describe(self.error)}" if self.error is not None else ""
-            raise WorkflowFailed(
-                f"workflow {self.workflow_id!r} ({self.instance_id}) failed{where}{detail}", self
-            ) from self.error
-        if self.status is WorkflowStatus.CANCELLED:
-            raise WorkflowCancelled(
-                f"workflow {self.workflow_id!r} ({self.instance_id}) was cancelled", self
-            )
-        return self
-
 
 @attrs.define(eq=False)
 class _Run:
@@ -95,12 +51,10 @@ class _Run:
 
     definition: WorkflowDefinition
     context: WorkflowContext
-    started_at: float
     steps: dict[str, StepState]
     status: WorkflowStatus = WorkflowStatus.RUNNING
-    #: Cancels the run's nursery: ``WorkflowHandle.cancel``, a failing step, or an engine fault.
+    #: Cancels the run's nursery: a failing step, or an engine fault.
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
-    cancel_requested: bool = False
     failed_step: str | None = None
     failure: BaseException | None = None
     fault: WorkflowError | None = None
@@ -137,13 +91,11 @@ class _Outcome:
     attempt: int
     started_at: float | None
     error: BaseException | None = None
-    reason: str | None = None
     view: WorkflowContext | None = None
-    value: object = None
 
 
 class WorkflowHandle:
-    """A started run: its live status, a way to wait for it, and a way to cancel it."""
+    """A started run: its live step states and a way to wait for its end."""
 
     def __init__(self, run: _Run) -> None:
         self._run = run
@@ -154,23 +106,13 @@ class WorkflowHandle:
         return self._run.instance_id
 
     @property
-    def workflow_id(self) -> str:
-        """The definition's id."""
-        return self._run.definition.id
-
-    @property
-    def context(self) -> WorkflowContext:
-        """The run's root context."""
-        return self._run.context
-
-    @property
     def status(self) -> WorkflowStatus:
         """``RUNNING`` until the run has recorded its final state."""
         return self._run.status
 
     @property
     def steps(self) -> Mapping[str, StepState]:
-        """A snapshot of every step's latest state."""
+        """A snapshot of every step's latest state, the failure step included."""
         return dict(self._run.steps)
 
     @property
@@ -178,19 +120,11 @@ class WorkflowHandle:
         """The result once the run finished, else ``None``."""
         return self._run.result
 
-    def cancel(self) -> None:
-        """Cancel the run: its running steps see ``trio.Cancelled``, unfinished steps end
-        ``CANCELLED`` and the run ends ``CANCELLED``. Idempotent; no effect once finished."""
-        if not self._run.status.terminal:
-            self._run.cancel_requested = True
-            self._run.scope.cancel()
-
     async def wait(self) -> WorkflowResult:
         """Wait until the run finishes and return its result (failed runs return too).
 
         Raises:
-            StateStoreError: the run failed because its state store failed.
-            WorkflowError: another engine fault ended the run.
+            WorkflowError: an engine fault ended the run.
         """
         await self._run.done.wait()
         if self._run.fault is not None:
@@ -199,59 +133,25 @@ class WorkflowHandle:
         return self._run.result
 
     def __repr__(self) -> str:
-        return f"<WorkflowHandle {self.workflow_id!r} {self.instance_id} {self.status}>"
+        return f"<WorkflowHandle {self._run.definition.id!r} {self.instance_id} {self.status}>"
 
 
 class WorkflowEngine:
     """Runs :class:`WorkflowDefinition` DAGs.
 
     Each run is one trio nursery owned by whoever calls :meth:`run` (or the nursery passed to
-    :meth:`start`); the engine keeps no background tasks. Runs are independent: an engine can
-    run any number at once, all recording into one state store and publishing to one event bus.
+    :meth:`start`); the engine keeps no background tasks and no state between runs: a run's
+    states live on its handle and result, so nothing accumulates.
     """
 
-    def __init__(
-        self, *, store: StateStore | None = None, rng: random.Random | None = None
-    ) -> None:
+    def __init__(self, *, rng: random.Random | None = None) -> None:
         """Create an engine.
 
         Args:
-            store: Where step and workflow states are recorded; an :class:`InMemoryStateStore`
-                by default.
             rng: Source of retry jitter draws; pass ``random.Random(seed)`` for reproducible
                 waits.
         """
-        self.store: StateStore = store if store is not None else InMemoryStateStore()
         self._rng = rng if rng is not None else random.Random()
-        self._events = EventBus()
-        self._closed = False
-
-    # -- public API ----------------------------------------------------------------------
-
-    def subscribe(
-        self, max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER
-    ) -> trio.MemoryReceiveChannel[WorkflowEvent]:
-        """A channel of every lifecycle event from now on, in the order they happen.
-
-        Delivery never blocks the engine: when this subscriber's ``max_buffer`` is full, new
-        events are dropped for it, counted in :attr:`dropped_events` and logged as a warning.
-        Close the channel to unsubscribe; :meth:`close` ends every subscription.
-
-        Raises:
-            ValueError: ``max_buffer < 1``.
-            trio.ClosedResourceError: the engine was closed.
-        """
-        return self._events.subscribe(max_buffer)
-
-    @property
-    def dropped_events(self) -> int:
-        """Events dropped because a subscriber's buffer was full."""
-        return self._events.dropped
-
-    def close(self) -> None:
-        """Refuse new runs and end every event subscription. Runs in progress continue."""
-        self._closed = True
-        self._events.close()
 
     async def run(
         self,
@@ -262,22 +162,19 @@ class WorkflowEngine:
     ) -> WorkflowResult:
         """Run ``definition`` to the end in a nursery of its own.
 
-        Under ``nursery.start`` it reports a :class:`WorkflowHandle` once the run is recorded
-        as started. A step failure is an outcome, not an exception: it returns a ``FAILED``
-        result (call ``raise_for_status()`` to turn it into :class:`WorkflowFailed`). A
-        :meth:`WorkflowHandle.cancel` returns a ``CANCELLED`` result. Cancelling the caller's
-        own scope records the run as cancelled and lets ``trio.Cancelled`` propagate.
+        Under ``nursery.start`` it reports a :class:`WorkflowHandle` at once. A step failure is
+        an outcome, not an exception: it returns a ``FAILED`` result once the definition's
+        ``on_failure`` step (if any) has run. Cancelling the caller's own scope records the run
+        as cancelled and lets ``trio.Cancelled`` propagate.
 
         Args:
             definition: What to run.
             context: The root context (fresh and empty by default). One run per context.
 
         Raises:
-            StateStoreError: the state store failed; running steps were cancelled and the run
-                recorded (best effort) as failed. Raised even after ``task_status.started``.
-            WorkflowError: the engine is closed, the context already ran, or an internal fault.
+            WorkflowError: the context already ran, or an internal fault.
         """
-        run, handle = await self._prepare(definition, context)
+        run, handle = self._prepare(definition, context)
         task_status.started(handle)
         return await self._execute(run)
 
@@ -287,15 +184,13 @@ class WorkflowEngine:
         definition: WorkflowDefinition,
         context: WorkflowContext | None = None,
     ) -> WorkflowHandle:
-        """Start ``definition`` in ``nursery`` and return its handle once it is recorded as
-        started.
+        """Start ``definition`` in ``nursery`` and return its handle.
 
         Unlike :meth:`run` under ``nursery.start``, no outcome of the run ever raises into
-        ``nursery``: a state-store fault is logged and re-raised by :meth:`WorkflowHandle.wait`.
+        ``nursery``: an engine fault is logged and re-raised by :meth:`WorkflowHandle.wait`.
 
         Raises:
-            StateStoreError: the store failed to record the start (nothing ran).
-            WorkflowError: as for :meth:`run`, before anything ran.
+            WorkflowError: the context already ran (nothing ran).
         """
         handle: WorkflowHandle = await nursery.start(self._run_detached, definition, context)
         return handle
@@ -309,34 +204,22 @@ class WorkflowEngine:
         *,
         task_status: trio.TaskStatus[WorkflowHandle] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        run, handle = await self._prepare(definition, context)
+        run, handle = self._prepare(definition, context)
         task_status.started(handle)
         try:
             await self._execute(run)
         except WorkflowError:
-            # Already logged by _execute and kept on the handle for wait() to re-raise.
-            pass
+            pass  # already logged by _finalize and kept on the handle for wait() to re-raise
 
-    async def _prepare(
+    def _prepare(
         self, definition: WorkflowDefinition, context: WorkflowContext | None
     ) -> tuple[_Run, WorkflowHandle]:
-        if self._closed:
-            raise WorkflowError("the workflow engine is closed")
         ctx = context if context is not None else WorkflowContext()
-        ctx._bind(definition)
-        now = trio.current_time()
-        run = _Run(
-            definition=definition,
-            context=ctx,
-            started_at=now,
-            steps={step.id: StepState(step.id) for step in definition.steps},
-        )
-        await self._save_workflow(
-            run, WorkflowState(run.instance_id, definition.id, run.status, now)
-        )
-        for state in run.steps.values():
-            await self._save_step(run, state)
-        self._emit(run, EventKind.WORKFLOW_STARTED)
+        ctx._bind()
+        steps = {step.id: StepState(step.id) for step in definition.steps}
+        if definition.on_failure is not None:
+            steps[definition.on_failure.id] = StepState(definition.on_failure.id)
+        run = _Run(definition=definition, context=ctx, steps=steps)
         return run, WorkflowHandle(run)
 
     async def _execute(self, run: _Run) -> WorkflowResult:
@@ -352,10 +235,11 @@ class WorkflowEngine:
                     )
                     fault.__cause__ = exc
                     run.set_fault(fault)
+            # Here every step has ended. A caller's cancellation skips this (and propagates).
+            if run.failed_step is not None or run.fault is not None:
+                await self._compensate(run)
         finally:
-            # Record the end even when the caller is cancelling us (bounded; see constant).
-            with trio.CancelScope(shield=True):
-                await self._finalize(run)
+            self._finalize(run)  # synchronous: records the end even while being cancelled
         if run.fault is not None:
             raise run.fault
         assert run.result is not None
@@ -370,9 +254,10 @@ class WorkflowEngine:
         sending its completion, so the scheduler could see nothing running, nothing ready and
         nothing received, and declare a spurious "Workflow deadlocked". Here that state cannot
         be reached: ``outstanding`` counts started steps whose completion this loop has not yet
-        received, and each step task records its terminal state in the store *before* it
-        publishes its one completion (``_step_task``). While a step is unaccounted for, the loop
-        is blocked in ``receive()``; there is no window in which a finished step looks absent.
+        received, and each step task records its terminal state *before* it publishes its one
+        completion (``_step_task``, with no checkpoint in between). While a step is unaccounted
+        for, the loop is blocked in ``receive()``; there is no window in which a finished step
+        looks absent.
         """
         definition = run.definition
         # Buffer = step count: each step task sends exactly one completion, so send_nowait can
@@ -395,15 +280,16 @@ class WorkflowEngine:
         while outstanding:
             completion = await receive.receive()
             outstanding -= 1
-            step = definition.step(completion.step_id)
-            if completion.status is StepStatus.FAILED and step.on_failure == "fail_workflow":
+            if completion.status is StepStatus.FAILED:
                 # The step task already called run.fail(), cancelling the run's scope and with
                 # it every running sibling (fail fast); nothing more will be scheduled.
                 return
-            satisfied.add(step.id)
-            for dependent_id in definition.dependents(step.id):
+            satisfied.add(completion.step_id)
+            for dependent_id in definition.dependents(completion.step_id):
                 dependent = definition.step(dependent_id)
-                if dependent_id not in started and _ready(dependent, satisfied):
+                if dependent_id not in started and all(
+                    dep in satisfied for dep in dependent.depends_on
+                ):
                     launch(dependent)
         if len(started) != len(definition.steps):
             # Unreachable for a validated definition; fail loudly rather than hang or lie.
@@ -413,47 +299,54 @@ class WorkflowEngine:
     async def _step_task(
         self, run: _Run, step: StepDefinition, completions: trio.MemorySendChannel[_Completion]
     ) -> None:
-        try:
-            outcome = await self._drive_step(run, step)
-            prior = run.steps[step.id]
-            state = StepState(
-                step.id,
-                outcome.status,
-                attempt=outcome.attempt,
-                last_error=_describe(outcome.error) if outcome.error else prior.last_error,
-                started_at=outcome.started_at,
-                finished_at=trio.current_time(),
-            )
-            await self._save_step(run, state)
-        except StateStoreError as exc:
-            run.set_fault(exc)
-            return
+        outcome = await self._drive_step(run, step)
         # From the recorded terminal state to the published completion there is no checkpoint:
-        # the context merge, the in-memory state, the event and the completion happen as one
-        # atomic step of this task (see _schedule for the smg race this rules out).
-        run.steps[step.id] = state
-        run.context._finish(step.id, outcome.status, view=outcome.view, value=outcome.value)
-        if outcome.status is StepStatus.FAILED and step.on_failure == "fail_workflow":
+        # the context merge, the state and the completion happen as one atomic step of this
+        # task (see _schedule for the smg race this rules out).
+        self._record(run, step, outcome)
+        if outcome.status is StepStatus.FAILED:
             run.fail(step.id, outcome.error)
-        kind = {
-            StepStatus.SUCCEEDED: EventKind.STEP_SUCCEEDED,
-            StepStatus.FAILED: EventKind.STEP_FAILED,
-            StepStatus.SKIPPED: EventKind.STEP_SKIPPED,
-        }[outcome.status]
-        error = _describe(outcome.error) if outcome.error is not None else outcome.reason
-        self._emit(run, kind, step_id=step.id, attempt=outcome.attempt, error=error)
         completions.send_nowait(_Completion(step.id, outcome.status))
+
+    async def _compensate(self, run: _Run) -> None:
+        """Run the definition's ``on_failure`` step after a failed run (every step has ended)."""
+        step = run.definition.on_failure
+        if step is None:
+            return
+        outcome = await self._drive_step(run, step)
+        self._record(run, step, outcome)
+        if outcome.status is StepStatus.FAILED:
+            logger.error(
+                "workflow %r (%s): failure step %r failed: %s",
+                run.definition.id,
+                run.instance_id,
+                step.id,
+                _describe(outcome.error) if outcome.error else "?",
+            )
+
+    def _record(self, run: _Run, step: StepDefinition, outcome: _Outcome) -> None:
+        prior = run.steps[step.id]
+        run.steps[step.id] = StepState(
+            step.id,
+            outcome.status,
+            attempt=outcome.attempt,
+            last_error=_describe(outcome.error) if outcome.error else prior.last_error,
+            started_at=outcome.started_at,
+            finished_at=trio.current_time(),
+        )
+        if outcome.status is StepStatus.SUCCEEDED and outcome.view is not None:
+            run.context._merge(outcome.view)
 
     async def _drive_step(self, run: _Run, step: StepDefinition) -> _Outcome:
         """Evaluate ``run_if``, then attempt the step with retries. Returns its terminal outcome;
-        raises only ``StateStoreError`` (and ``trio.Cancelled``)."""
+        raises only ``trio.Cancelled``."""
         if step.run_if is not None:
             try:
                 should_run = bool(step.run_if(run.context))
             except Exception as exc:
                 return _Outcome(StepStatus.FAILED, 0, None, error=exc)
             if not should_run:
-                return _Outcome(StepStatus.SKIPPED, 0, None, reason="run_if returned False")
+                return _Outcome(StepStatus.SKIPPED, 0, None)
         first_started: float | None = None
         last_error: str | None = None
         attempt = 0
@@ -461,92 +354,57 @@ class WorkflowEngine:
             attempt += 1
             now = trio.current_time()
             first_started = now if first_started is None else first_started
-            running = StepState(step.id, StepStatus.RUNNING, attempt, last_error, first_started)
-            await self._save_step(run, running)
-            run.steps[step.id] = running
-            self._emit(run, EventKind.STEP_STARTED, step_id=step.id, attempt=attempt)
+            run.steps[step.id] = StepState(
+                step.id, StepStatus.RUNNING, attempt, last_error, first_started
+            )
             view = run.context._view(step.id)
             try:
-                value = await _attempt(step, view, attempt)
-            except SkipStep as skip:
-                return _Outcome(
-                    StepStatus.SKIPPED, attempt, first_started, reason=skip.reason or "SkipStep"
-                )
+                await _attempt(step, view, attempt)
             except Exception as exc:
                 error: Exception = exc
             else:
-                return _Outcome(
-                    StepStatus.SUCCEEDED, attempt, first_started, view=view, value=value
-                )
+                return _Outcome(StepStatus.SUCCEEDED, attempt, first_started, view=view)
             retryable = step.is_retryable is None or step.is_retryable(error)
             if attempt >= step.retry.max_attempts or not retryable:
                 return _Outcome(StepStatus.FAILED, attempt, first_started, error=error)
             last_error = _describe(error)
             delay = step.retry.delay_s(attempt, self._rng)
-            self._emit(
-                run,
-                EventKind.STEP_RETRYING,
-                step_id=step.id,
-                attempt=attempt,
-                delay_s=delay,
-                error=last_error,
+            logger.warning(
+                "workflow %r (%s): step %r attempt %d failed (%s); retrying in %.2f s",
+                run.definition.id,
+                run.instance_id,
+                step.id,
+                attempt,
+                last_error,
+                delay,
+            )
+            run.steps[step.id] = StepState(
+                step.id, StepStatus.RUNNING, attempt, last_error, first_started
             )
             await trio.sleep(delay)
 
-    async def _finalize(self, run: _Run) -> None:
-        """Mark unfinished steps cancelled, record the run's final state, publish, wake waiters.
-        Runs shielded; bounded by ``FINALIZE_TIMEOUT_S``."""
-        all_terminal = all(s.status.terminal for s in run.steps.values())
+    def _finalize(self, run: _Run) -> None:
+        """Mark unfinished steps, record the run's final state, wake waiters."""
+        compensation = run.definition.on_failure
+        dag_done = all(run.steps[s.id].status.terminal for s in run.definition.steps)
         if run.fault is not None or run.failed_step is not None:
             status = WorkflowStatus.FAILED
-        elif not all_terminal:
+        elif not dag_done:
             status = WorkflowStatus.CANCELLED
         else:
             status = WorkflowStatus.COMPLETED
         now = trio.current_time()
-        with trio.move_on_after(FINALIZE_TIMEOUT_S) as bound:
-            try:
-                for step_id, state in list(run.steps.items()):
-                    if state.status.terminal:
-                        continue
-                    cancelled = attrs.evolve(state, status=StepStatus.CANCELLED, finished_at=now)
-                    await self._save_step(run, cancelled)
-                    run.steps[step_id] = cancelled
-                    run.context._finish(step_id, StepStatus.CANCELLED)
-                    self._emit(
-                        run, EventKind.STEP_CANCELLED, step_id=step_id, attempt=state.attempt
-                    )
-                error = run.fault if run.fault is not None else run.failure
-                await self._save_workflow(
-                    run,
-                    WorkflowState(
-                        run.instance_id,
-                        run.definition.id,
-                        status,
-                        run.started_at,
-                        finished_at=now,
-                        failed_step=run.failed_step,
-                        error=_describe(error) if error is not None else None,
-                    ),
-                )
-            except StateStoreError as exc:
-                run.set_fault(exc)
-                status = WorkflowStatus.FAILED
-        if bound.cancelled_caught:
-            run.set_fault(
-                StateStoreError(
-                    f"the state store did not record the end of workflow {run.definition.id!r} "
-                    f"({run.instance_id}) within {FINALIZE_TIMEOUT_S:g} s"
-                )
-            )
-            status = WorkflowStatus.FAILED
-        # Steps that never got a terminal record (store fault) still end cancelled in memory.
         for step_id, state in list(run.steps.items()):
-            if not state.status.terminal:
-                run.steps[step_id] = attrs.evolve(
-                    state, status=StepStatus.CANCELLED, finished_at=now
-                )
-                run.context._finish(step_id, StepStatus.CANCELLED)
+            if state.status.terminal:
+                continue
+            skipped = (
+                compensation is not None
+                and step_id == compensation.id
+                and status is WorkflowStatus.COMPLETED
+                and state.status is StepStatus.PENDING
+            )
+            end = StepStatus.SKIPPED if skipped else StepStatus.CANCELLED
+            run.steps[step_id] = attrs.evolve(state, status=end, finished_at=now)
         error = run.fault if run.fault is not None else run.failure
         run.status = status
         run.result = WorkflowResult(
@@ -556,17 +414,6 @@ class WorkflowEngine:
             steps=dict(run.steps),
             failed_step=run.failed_step,
             error=error,
-        )
-        kind = {
-            WorkflowStatus.COMPLETED: EventKind.WORKFLOW_COMPLETED,
-            WorkflowStatus.FAILED: EventKind.WORKFLOW_FAILED,
-            WorkflowStatus.CANCELLED: EventKind.WORKFLOW_CANCELLED,
-        }[status]
-        self._emit(
-            run,
-            kind,
-            step_id=run.failed_step,
-            error=_describe(error) if error is not None else None,
         )
         if run.fault is not None:
             logger.error(
@@ -578,62 +425,13 @@ class WorkflowEngine:
             )
         run.done.set()
 
-    # -- store and events ------------------------------------------------------------------
 
-    async def _save_workflow(self, run: _Run, state: WorkflowState) -> None:
-        try:
-            await self.store.save_workflow(state)
-        except Exception as exc:
-            raise StateStoreError(
-                f"state store failed to record workflow {run.definition.id!r} ({run.instance_id}) "
-                f"as {state.status}: {_describe(exc)}"
-            ) from exc
-
-    async def _save_step(self, run: _Run, state: StepState) -> None:
-        try:
-            await self.store.save_step(run.instance_id, state)
-        except Exception as exc:
-            raise StateStoreError(
-                f"state store failed to record step {state.step_id!r} of workflow "
-                f"{run.definition.id!r} ({run.instance_id}) as {state.status}: {_describe(exc)}"
-            ) from exc
-
-    def _emit(
-        self,
-        run: _Run,
-        kind: EventKind,
-        *,
-        step_id: str | None = None,
-        attempt: int | None = None,
-        delay_s: float | None = None,
-        error: str | None = None,
-    ) -> None:
-        self._events.publish(
-            WorkflowEvent(
-                kind=kind,
-                workflow_id=run.definition.id,
-                instance_id=run.instance_id,
-                time=trio.current_time(),
-                step_id=step_id,
-                attempt=attempt,
-                delay_s=delay_s,
-                error=error,
-            )
-        )
-
-
-def _ready(step: StepDefinition, satisfied: set[str]) -> bool:
-    """All-of dependencies satisfied and, if any-of ones exist, at least one of them."""
-    if not all(dep in satisfied for dep in step.depends_on):
-        return False
-    return not step.depends_on_any or any(dep in satisfied for dep in step.depends_on_any)
-
-
-async def _attempt(step: StepDefinition, view: WorkflowContext, attempt: int) -> object:
+async def _attempt(step: StepDefinition, view: WorkflowContext, attempt: int) -> None:
     """One attempt under the step's ``timeout_s``. Raises ``StepTimeoutError`` on timeout."""
     timeout_s = step.timeout_s
     with trio.move_on_after(math.inf if timeout_s is None else timeout_s) as scope:
-        return await step.run(view)
+        await step.run(view)
+        return
     assert scope.cancelled_caught
     assert timeout_s is not None
     raise StepTimeoutError(step.id, timeout_s, attempt)

@@ -47,6 +47,7 @@ async def admin_server(
     *,
     allow_insecure: bool = False,
     confinement: WorkerConfinement | None = None,
+    **manager_kw: Any,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, WorkerManager, trio.Nursery]]:
     """A manager plus an app with only the admin blueprint, served on 127.0.0.1:<ephemeral>;
     yields an httpx client (with the admin key) pointed at it. The default confinement allows
@@ -58,7 +59,7 @@ async def admin_server(
             socket_dirs=(tmp,), model_dirs=(str(default_tiny_model_dir()), tmp)
         )
     async with trio.open_nursery() as nursery:
-        manager = WorkerManager(nursery, ready_timeout_s=5.0, confinement=confinement)
+        manager = WorkerManager(nursery, ready_timeout_s=5.0, confinement=confinement, **manager_kw)
         app = QuartTrio(__name__)
         app.register_blueprint(
             admin_blueprint(manager, admin_api_key=admin_api_key, allow_insecure=allow_insecure)
@@ -196,6 +197,25 @@ async def test_validation_errors(ns: IpcNamespace, model_dir: Path) -> None:
             clash = body(ns, "b", model_dir, zmq_handshake_address=first["zmq_handshake_address"])
             err = assert_envelope(await http.post("/workers", json=clash), 409, first["url"])
             assert clash["url"] in err["message"]
+
+
+async def test_expired_job_is_a_404(ns: IpcNamespace) -> None:
+    """With --max-finished-jobs 1, the older of two finished jobs is gone."""
+    with trio.fail_after(DEADLINE_S):
+        async with admin_server(max_finished_jobs=1) as (http, manager, _):
+            missing = tempfile.mkdtemp(prefix="smg-") + "/nonexistent-model"
+            ids = []
+            for name in ("a", "b"):
+                resp = await http.post(
+                    "/workers", json={"url": ns.worker_url(name), "model_path": missing}
+                )
+                assert resp.status_code == 202
+                ids.append(resp.json()["job_id"])
+                await manager.jobs[ids[-1]].done.wait()
+            assert_envelope(await http.get(f"/workers/jobs/{ids[0]}"), 404, ids[0])
+            newest = await http.get(f"/workers/jobs/{ids[1]}")
+            assert newest.status_code == 200
+            assert newest.json()["status"] == "failed"
 
 
 async def test_failed_registration_reported_in_job(ns: IpcNamespace) -> None:

@@ -78,6 +78,24 @@ def test_precedence_cli_over_env_over_file(
     assert args.policy == "least_load"  # type: ignore[attr-defined]
 
 
+def test_job_table_bounds_from_flags_env_and_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    defaults = _args(["serve", "--backend", "mock"])
+    assert defaults.max_finished_jobs == 1000  # type: ignore[attr-defined]
+    assert defaults.job_ttl_secs == 3600.0  # type: ignore[attr-defined]
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text("max_finished_jobs = 7\njob_ttl_secs = 60\n")
+    monkeypatch.setenv("SMG_TRIO_JOB_TTL_SECS", "inf")
+    args = _args(["serve", "--backend", "mock", "--config", str(cfg)])
+    assert args.max_finished_jobs == 7  # type: ignore[attr-defined]
+    assert args.job_ttl_secs == float("inf")  # type: ignore[attr-defined]
+    config = cli._config_from_args(args, [])  # type: ignore[arg-type]
+    assert (config.max_finished_jobs, config.job_ttl_s) == (7, float("inf"))
+    args = _args(["serve", "--backend", "mock", "--max-finished-jobs", "0"])
+    assert args.max_finished_jobs == 0  # type: ignore[attr-defined]
+
+
 def test_alias_flag_counts_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SMG_TRIO_DP_SIZE", "4")
     assert _args(["serve", "--data-parallel-size", "2"]).dp_size == 2  # type: ignore[attr-defined]
