@@ -220,7 +220,7 @@ async def handle_chat(call: RequestCall) -> Response:
     streaming = False
     try:
         body = await call.read_body(ChatCompletionRequest)
-        served = gw.resolve_model(body.model)
+        served = await gw.resolve_model(body.model)
         _check_messages(body.messages)
         _check_chat_fields(body)
         k = (body.top_logprobs or 0) if body.logprobs else None
@@ -277,7 +277,7 @@ async def handle_chat(call: RequestCall) -> Response:
         ]
         call.subs = subs
         call.prompt_tokens = len(prompt_ids)
-        lease = call.lease(served.model_id)
+        lease = await call.lease(served.model_id)
         client = lease.client
         check_data_parallel_rank(
             plan.data_parallel_rank,

@@ -271,7 +271,7 @@ async def handle_completions(call: RequestCall) -> Response:
     streaming = False
     try:
         body = await call.read_body(CompletionRequest)
-        served: ServedModel = gw.resolve_model(body.model)
+        served: ServedModel = await gw.resolve_model(body.model)
         if body.suffix:
             raise ValidationError(
                 "suffix is not supported", param="suffix", code="unsupported_field"
@@ -369,7 +369,7 @@ async def handle_completions(call: RequestCall) -> Response:
                 headers={**SSE_HEADERS, "x-request-id": call.request_id},
             )
 
-        lease = call.lease(served.model_id)
+        lease = await call.lease(served.model_id)
         client = lease.client
         check_data_parallel_rank(
             plan.data_parallel_rank,

@@ -48,7 +48,8 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
-#: ``Retry-After`` seconds on a 503 for an engine's retryable request error.
+#: ``Retry-After`` seconds on a 503 for an engine's retryable request error, or for a known
+#: model with no ready worker.
 RETRY_AFTER_S = 1
 
 
@@ -147,7 +148,14 @@ def to_api_error(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, ValidationError):
         return ApiError(exc.status, exc.message, param=exc.param, code=exc.code)
-    if isinstance(exc, (NoWorkerAvailable, EngineDeadError, ClientClosed)):
+    if isinstance(exc, NoWorkerAvailable):  # no worker now; one may be back soon
+        return ApiError(
+            503,
+            str(exc) or "no engine available",
+            code="service_unavailable",
+            retry_after=RETRY_AFTER_S,
+        )
+    if isinstance(exc, (EngineDeadError, ClientClosed)):
         return ApiError(503, str(exc) or "no engine available", code="service_unavailable")
     if isinstance(exc, EngineRequestFailed):
         retry = RETRY_AFTER_S if exc.retryable else None
