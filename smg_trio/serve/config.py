@@ -46,6 +46,10 @@ class GatewayConfig:
     - ``allowed_model_dirs``: model roots besides the startup model directories; ``None``
       means the Hugging Face hub cache.
 
+    Workers may also come later: over ``POST /workers``, or from ``discovery_file`` (see
+    :mod:`smg_trio.serve.discovery`). A request for a known model with no ready worker waits
+    up to ``worker_wait_timeout_s`` for one, then gets a 503 with ``Retry-After``.
+
     The request limits mean what :class:`~smg_trio.gateway.config.GatewayHttpConfig` says.
     """
 
@@ -70,6 +74,8 @@ class GatewayConfig:
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     worker_startup_timeout_s: float = 600.0
     engine_silence_timeout_s: float = 300.0
+    worker_wait_timeout_s: float = 10.0
+    discovery_file: str | None = None
     shutdown_grace_period_s: float = 30.0
     engines: EngineLaunchConfig | None = None
     allow_insecure_admin: bool = False
