@@ -13,7 +13,8 @@ own, no inotify) and acts when its content hash changes:
 - an entry with a new URL is registered (the registration workflow, as ``POST /workers``);
 - an entry that is gone is drained and removed; one whose spec changed is removed, then
   added again (one URL is one worker, so the two cannot overlap: requests wait for the new
-  one, see ``--worker-wait-timeout-secs``). New URLs are added before anything is removed,
+  one, see ``--worker-wait-timeout-secs``; its engine must dial in again, as after a
+  restart). New URLs are added before anything is removed,
   so renaming an entry (a rolling update) never leaves the model without a worker;
 - an entry with an unknown key, a wrongly typed field, a URL or path outside the allow-lists,
   or the URL of an earlier entry is refused with a log line naming it; the others apply. A

@@ -136,7 +136,9 @@ async def test_entries_added_removed_changed_and_bad_ones_refused(
             assert "last good set of 2" in logged[0].getMessage()
 
             # A removed (drained), B changed (replaced); the gateway keeps serving model m
-            b2 = {**b, "model_id": "m2"}
+            # (a new engine dials the changed worker: a fresh handshake address, so that the
+            # old engine, still dialling the old one, cannot take the new engine's identity)
+            b2 = {**b, "model_id": "m2", "zmq_handshake_address": free_handshake_address()}
             path.write_text(json.dumps([b2]))
             await watcher.poll_once()
             assert watcher.error is None
