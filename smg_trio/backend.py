@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
@@ -25,7 +25,8 @@ __all__ = [
 
 
 class NoWorkerAvailable(SmgError):
-    """The model exists but no healthy worker can take the request now (HTTP 503)."""
+    """The model exists but no healthy worker can take the request now (HTTP 503 with
+    ``Retry-After``)."""
 
 
 @attrs.define
@@ -63,9 +64,12 @@ class Readiness:
 
     @classmethod
     def evaluate(cls, *, draining: bool, healthy: int, total: int) -> Readiness:
-        """Not ready while draining or with no healthy worker."""
+        """Not ready while draining, with no worker registered (``no workers``: a gateway
+        started empty) or with no healthy one."""
         if draining:
             return cls(False, "draining", healthy, total)
+        if total == 0:
+            return cls(False, "no workers", healthy, total)
         if healthy == 0:
             return cls(False, "insufficient healthy workers", healthy, total)
         return cls(True, "", healthy, total)
@@ -80,16 +84,29 @@ class GatewayBackend(Protocol):
         """True once shutdown began: readiness fails and new requests get 503."""
 
     def list_models(self) -> Sequence[ServedModel]:
-        """Models with at least one registered worker."""
+        """Models with at least one ready worker (``/v1/models``)."""
+
+    def known_models(self) -> Sequence[str]:
+        """Ids of the models requests may name: a worker of theirs is registered, ready or not
+        (or left a moment ago). Others are a 404."""
 
     def get_model(self, model_id: str) -> ServedModel | None:
-        """Exact-match lookup (model ids are case- and space-sensitive)."""
+        """Exact-match lookup (model ids are case- and space-sensitive) among the known models
+        whose tokenizer has loaded."""
 
-    def lease(self, model_id: str) -> AbstractContextManager[WorkerLease]:
-        """``with backend.lease(model) as lease:`` picks a worker by the load-balancing policy
-        and holds an in-flight slot; an ``EngineError`` escaping the block counts against the
-        worker's circuit breaker, anything else (client 4xx included) does not. Raises
+    async def wait_for_worker(self, model_id: str, *, exclude: Collection[str] = ()) -> None:
+        """Return once :meth:`lease` can pick a worker (no checkpoint when it can at once);
+        a known model without one waits a bounded time, then raises
         :class:`NoWorkerAvailable`."""
+
+    def lease(
+        self, model_id: str, exclude: Collection[str] = ()
+    ) -> AbstractContextManager[WorkerLease]:
+        """``with backend.lease(model) as lease:`` picks a worker by the load-balancing policy
+        (never one whose id is in ``exclude``) and holds an in-flight slot; an ``EngineError``
+        escaping the block counts against the worker's circuit breaker, anything else (client
+        4xx included) does not. Raises :class:`NoWorkerAvailable` at once (see
+        :meth:`wait_for_worker`)."""
 
     def readiness(self) -> Readiness:
         """Ready when a worker and its tokenizer are ready and the gateway is not draining."""
@@ -115,16 +132,27 @@ class StaticBackend:
     def list_models(self) -> Sequence[ServedModel]:
         return list(self._models.values())
 
+    def known_models(self) -> Sequence[str]:
+        return list(self._models)
+
     def get_model(self, model_id: str) -> ServedModel | None:
         return self._models.get(model_id)
 
+    async def wait_for_worker(self, model_id: str, *, exclude: Collection[str] = ()) -> None:
+        """Fixed clients never come back: no wait (the lease raises when none is alive)."""
+
     @contextmanager
-    def lease(self, model_id: str) -> Iterator[WorkerLease]:
-        clients = [c for c in self._clients.get(model_id, []) if c.alive]
+    def lease(self, model_id: str, exclude: Collection[str] = ()) -> Iterator[WorkerLease]:
+        clients = [
+            (f"{model_id}-{i}", c)
+            for i, c in enumerate(self._clients.get(model_id, []))
+            if c.alive and f"{model_id}-{i}" not in exclude
+        ]
         if not clients:
             raise NoWorkerAvailable(f"no healthy worker for model {model_id!r}")
         i = self._next[model_id] = (self._next[model_id] + 1) % len(clients)
-        yield WorkerLease(worker_id=f"{model_id}-{i}", client=clients[i])
+        worker_id, client = clients[i]
+        yield WorkerLease(worker_id=worker_id, client=client)
 
     def readiness(self) -> Readiness:
         total = sum(len(c) for c in self._clients.values())

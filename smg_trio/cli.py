@@ -35,6 +35,7 @@ from smg_trio.gateway.config import (
 )
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.worker.jobs import DEFAULT_JOB_TTL_S, DEFAULT_MAX_FINISHED_JOBS
+from smg_trio.worker.manager import WORKER_WAIT_TIMEOUT_S
 from smg_trio.worker.policies import DEFAULT_POLICY, POLICY_NAMES
 
 __all__ = ["main"]
@@ -235,6 +236,24 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="fail in-flight requests after this long without engine output (default %(default)s)",
     )
     g.add_argument(
+        "--worker-wait-timeout-secs",
+        type=_seconds(allow_zero=True),
+        default=WORKER_WAIT_TIMEOUT_S,
+        help="how long a request for a known model with no ready worker (a rolling update, a "
+        "restarting engine) waits for one before its 503 with Retry-After (default %(default)s)",
+    )
+    g.add_argument(
+        "--discovery-file",
+        metavar="FILE",
+        help="a JSON or TOML list of worker specs (the POST /workers fields), watched: added "
+        "entries register, removed ones drain, changed ones are replaced",
+    )
+    g.add_argument(
+        "--discovery-provider",
+        choices=["file"],
+        help="service discovery source; only 'file' (with --discovery-file), as smg spells it",
+    )
+    g.add_argument(
         "--shutdown-grace-period-secs",
         type=_seconds(allow_zero=True),
         default=DEFAULT_SHUTDOWN_GRACE_PERIOD_S,
@@ -297,10 +316,16 @@ def _parser() -> argparse.ArgumentParser:
         "launch",
         allow_abbrev=False,
         help="run only the gateway, for engines started elsewhere",
-        description="Bind each worker's sockets and wait for its engines to dial in.",
+        description="Bind each worker's sockets and wait for its engines to dial in. Without "
+        "--worker-urls the gateway starts empty and takes workers from POST /workers or "
+        "--discovery-file.",
     )
     la.add_argument(
-        "--worker-urls", nargs="+", required=False, default=None, help="ipc:// worker URLs"
+        "--worker-urls",
+        nargs="+",
+        required=False,
+        default=None,
+        help="ipc:// worker URLs registered at startup (default: none)",
     )
     la.add_argument(
         "--backend",
@@ -309,7 +334,9 @@ def _parser() -> argparse.ArgumentParser:
         help="engine wire (default %(default)s)",
     )
     la.add_argument(
-        "--model-path", help="local model directory (tokenizer, chat template, EOS ids)"
+        "--model-path",
+        help="local model directory (tokenizer, chat template, EOS ids) of the --worker-urls, "
+        "and the default of workers added later",
     )
     la.add_argument(
         "--zmq-engine-count",
@@ -453,6 +480,8 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "engine_silence_timeout_s": args.engine_silence_timeout_secs,
         "max_finished_jobs": args.max_finished_jobs,
         "job_ttl_s": args.job_ttl_secs,
+        "worker_wait_timeout_s": args.worker_wait_timeout_secs,
+        "discovery_file": args.discovery_file,
         "shutdown_grace_period_s": args.shutdown_grace_period_secs,
         "allow_insecure_admin": args.allow_insecure_admin,
         "allowed_socket_dirs": tuple(args.allowed_socket_dirs or ()),
@@ -461,6 +490,8 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             tuple(args.allowed_model_dirs) if args.allowed_model_dirs is not None else None
         ),
     }
+    if args.discovery_provider == "file" and not args.discovery_file:
+        raise SystemExit("smg_trio: error: --discovery-provider file needs --discovery-file FILE")
     if args.command == "serve":
         if args.worker_base_port + args.dp_size - 1 > 65535:
             raise SystemExit(
@@ -500,13 +531,14 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             ),
             **common,
         )
-    if not args.worker_urls:
-        raise SystemExit("launch needs --worker-urls ipc://...")
-    if not args.model_path:
-        raise SystemExit("launch needs --model-path DIR (the gateway tokenizes)")
-    _check_model_dir(args.model_path, "--model-path")
+    # Without --worker-urls the gateway starts empty; workers come from POST /workers or
+    # --discovery-file, each with its own model_path (or this one's).
+    if args.worker_urls and not args.model_path:
+        raise SystemExit("launch --worker-urls needs --model-path DIR (the gateway tokenizes)")
+    if args.model_path:
+        _check_model_dir(args.model_path, "--model-path")
     return GatewayConfig(
-        worker_urls=tuple(args.worker_urls),
+        worker_urls=tuple(args.worker_urls or ()),
         backend=args.backend,
         model_path=args.model_path,
         zmq_engine_count=args.zmq_engine_count,

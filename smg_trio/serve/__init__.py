@@ -21,6 +21,7 @@ from smg_trio.serve.commands import (
     reject_handshake_collisions,
 )
 from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
+from smg_trio.serve.discovery import DiscoveryWatcher
 from smg_trio.serve.launcher import EngineExited, run_engine_process
 from smg_trio.transport.sockdir import default_socket_dir
 from smg_trio.worker.confine import WorkerConfinement, hf_hub_cache, is_loopback_host
@@ -52,12 +53,14 @@ ENGINE_RESTART_MAX_DELAY_S = 30.0
 @attrs.frozen
 class ServeHandle:
     """What ``await nursery.start(serve, config)`` returns: the bound HTTP address, the worker
-    manager, and the registered workers (in ``config`` order)."""
+    manager, the registered startup workers (in ``config`` order), and the discovery-file
+    watcher (``None`` without ``config.discovery_file``)."""
 
     host: str
     port: int
     manager: WorkerManager
     workers: tuple[WorkerState, ...]
+    discovery: DiscoveryWatcher | None = None
 
     @property
     def base_url(self) -> str:
@@ -263,6 +266,7 @@ async def serve(
             confinement=_confinement(config),
             max_finished_jobs=config.max_finished_jobs,
             job_ttl_s=config.job_ttl_s,
+            worker_wait_timeout_s=config.worker_wait_timeout_s,
         )
         registered: set[str] = set()
         runs: dict[str, _EngineRun] = {}
@@ -325,8 +329,25 @@ async def serve(
             registered.add(spec.url)
             if spec.url in runs:
                 nursery.start_soon(_stop_unresponsive_engine, worker, runs[spec.url])
-        task_status.started(ServeHandle(host, port, manager, tuple(workers)))
-        log.info("smg_trio ready: %d worker(s)", len(workers))
+        discovery = None
+        if config.discovery_file is not None:
+            defaults = {
+                "model_path": model_path,
+                "model_id": config.served_model_name,
+                "runtime_type": runtime,
+                "dp_size": config.zmq_engine_count,
+                "reasoning_parser": config.reasoning_parser,
+            }
+            discovery = DiscoveryWatcher(manager, config.discovery_file, defaults)
+            await nursery.start(discovery.run)
+        task_status.started(ServeHandle(host, port, manager, tuple(workers), discovery))
+        if workers or discovery is not None:
+            log.info("smg_trio ready: %d worker(s)", len(workers))
+        else:
+            log.info(
+                "smg_trio ready with no workers: add them with POST /workers (or start with "
+                "--discovery-file); /readiness is 503 until one is ready"
+            )
 
 
 @asynccontextmanager

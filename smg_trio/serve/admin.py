@@ -13,9 +13,10 @@ from smg_trio.gateway.http.call import bearer_matches
 from smg_trio.gateway.openai.errors import ApiError, to_api_error
 from smg_trio.worker.manager import WorkerManager, WorkerSpec
 
-__all__ = ["NO_ADMIN_KEY_MESSAGE", "admin_blueprint"]
+__all__ = ["NO_ADMIN_KEY_MESSAGE", "admin_blueprint", "parse_worker_spec"]
 
-#: ``POST /workers`` fields and their JSON types (``None`` is allowed for every one but url).
+#: ``POST /workers`` fields and their JSON types (``None`` is allowed for every one but url);
+#: the discovery file's entries take the same ones.
 _FIELDS: dict[str, type] = {
     "url": str,
     "model_path": str,
@@ -31,11 +32,12 @@ def _error(exc: ApiError) -> Response:
     return Response(exc.body(), status=exc.status, content_type="application/json")
 
 
-def _parse_spec(body: Any) -> WorkerSpec:
-    """A ``WorkerSpec`` from the JSON body; raises ``ValidationError`` for a bad shape."""
+def parse_worker_spec(body: Any, what: str = "the request body") -> WorkerSpec:
+    """A ``WorkerSpec`` from a JSON object (``POST /workers``, a discovery-file entry); raises
+    ``ValidationError`` for a bad shape, an unknown field or a wrongly typed one."""
     if not isinstance(body, dict):
-        raise ValidationError("the request body must be a JSON object")
-    unknown = sorted(set(body) - set(_FIELDS))
+        raise ValidationError(f"{what} must be a JSON object")
+    unknown = sorted(str(k) for k in set(body) - set(_FIELDS))
     if unknown:
         raise ValidationError(f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
     kwargs: dict[str, Any] = {}
@@ -85,7 +87,7 @@ def admin_blueprint(
         try:
             # the body's own decoder (UTF-8, no lone surrogates), never a 500
             body = jsontext.loads(await request.get_data(), param=None, what="the request body")
-            spec = _parse_spec(body)
+            spec = parse_worker_spec(body)
             await manager.check_spec(spec)
             job = manager.add_worker(spec)
         except ValidationError as exc:

@@ -17,6 +17,7 @@ from smg_trio.gateway.config import (
 )
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.worker.jobs import DEFAULT_JOB_TTL_S, DEFAULT_MAX_FINISHED_JOBS
+from smg_trio.worker.manager import WORKER_WAIT_TIMEOUT_S
 from smg_trio.worker.policies import DEFAULT_POLICY
 
 __all__ = [
@@ -64,6 +65,10 @@ class GatewayConfig:
     - ``allowed_model_dirs``: model roots besides the startup model directories; ``None``
       means the Hugging Face hub cache.
 
+    Workers may also come later: over ``POST /workers``, or from ``discovery_file`` (see
+    :mod:`smg_trio.serve.discovery`). A request for a known model with no ready worker waits
+    up to ``worker_wait_timeout_s`` for one, then gets a 503 with ``Retry-After``.
+
     The request limits mean what :class:`~smg_trio.gateway.config.GatewayHttpConfig` says.
     ``max_finished_jobs`` and ``job_ttl_s`` bound the registration jobs table: a finished job
     expires once that many newer ones finished, or that many seconds after it finished.
@@ -92,6 +97,8 @@ class GatewayConfig:
     engine_silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S
     max_finished_jobs: int = DEFAULT_MAX_FINISHED_JOBS
     job_ttl_s: float = DEFAULT_JOB_TTL_S
+    worker_wait_timeout_s: float = WORKER_WAIT_TIMEOUT_S
+    discovery_file: str | None = None
     shutdown_grace_period_s: float = DEFAULT_SHUTDOWN_GRACE_PERIOD_S
     engines: EngineLaunchConfig | None = None
     allow_insecure_admin: bool = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -63,6 +63,14 @@ Runtime = Literal["vllm", "tokenspeed"]
 REBIND_BACKOFF_S = 0.5
 #: How long removal waits for a worker's in-flight requests before cancelling them.
 DRAIN_TIMEOUT_S = 30.0
+#: How long a request for a known model waits for a ready worker before its 503
+#: (``--worker-wait-timeout-secs``).
+WORKER_WAIT_TIMEOUT_S = 10.0
+#: How long a model stays known (requests wait, then 503; not 404) after its last worker left.
+MODEL_GRACE_S = 10.0
+#: Waiters for a ready worker re-check at least this often (the circuit breaker half-opens
+#: with time, which no event reports).
+_WAIT_RECHECK_S = 0.25
 
 #: The registration context: the reserved worker, the handshake attempt function that the
 #: ``bind_handshake`` step leaves for ``handshake``, and the context length to serve.
@@ -120,6 +128,7 @@ class WorkerState(Worker):
         self.client = client
         changed, self.client_changed = self.client_changed, trio.Event()
         changed.set()
+        self.changed()
 
     @property
     def engine_client(self) -> EngineClient | None:
@@ -230,6 +239,8 @@ class WorkerManager:
         max_finished_jobs: int = DEFAULT_MAX_FINISHED_JOBS,
         job_ttl_s: float = DEFAULT_JOB_TTL_S,
         registration_timing: RegistrationTiming | None = None,
+        worker_wait_timeout_s: float = WORKER_WAIT_TIMEOUT_S,
+        model_grace_s: float = MODEL_GRACE_S,
     ) -> None:
         self._nursery = nursery
         #: What worker specs may touch (default: :meth:`WorkerConfinement.default`).
@@ -238,10 +249,15 @@ class WorkerManager:
         self.ready_timeout_s = ready_timeout_s
         self.silence_timeout_s = silence_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        self.worker_wait_timeout_s = worker_wait_timeout_s
+        self.model_grace_s = model_grace_s
         self.registry = WorkerRegistry()
         #: Registration jobs; finished ones expire by count and age.
         self.jobs = JobTable(max_finished=max_finished_jobs, ttl_s=job_ttl_s)
+        #: Models with a registered worker whose tokenizer loaded.
         self.models: dict[str, ServedModel] = {}
+        #: Models whose last worker left: (the served model if it had loaded, known until).
+        self._retired: dict[str, tuple[ServedModel | None, float]] = {}
         self._draining = False
         self.timing = registration_timing or RegistrationTiming()
         self.engine = WorkflowEngine()
@@ -254,20 +270,64 @@ class WorkerManager:
         return self._draining
 
     def start_draining(self) -> None:
-        """Readiness goes 503 and new requests are refused."""
+        """Readiness goes 503 and new requests are refused (waiting ones too)."""
         self._draining = True
+        self.registry.touch()
 
     def list_models(self) -> Sequence[ServedModel]:
-        return list(self.models.values())
+        """Models with at least one ready (routable) worker."""
+        return [m for m in self.models.values() if self.registry.workers_for(m.model_id)]
+
+    def _retired_entry(self, model_id: str) -> tuple[ServedModel | None, float] | None:
+        entry = self._retired.get(model_id)
+        if entry is not None and trio.current_time() >= entry[1]:
+            del self._retired[model_id]
+            return None
+        return entry
+
+    def known_models(self) -> Sequence[str]:
+        """Models with a registered worker (ready or not) or whose last worker left less than
+        ``model_grace_s`` ago."""
+        known = dict.fromkeys(self.registry.models())
+        for model_id in list(self._retired):
+            if model_id not in known and self._retired_entry(model_id) is not None:
+                known[model_id] = None
+        return list(known)
 
     def get_model(self, model_id: str) -> ServedModel | None:
-        return self.models.get(model_id)
+        """The served model (tokenizer loaded) of a known model (see :meth:`known_models`)."""
+        served = self.models.get(model_id)
+        if served is not None:
+            return served
+        entry = self._retired_entry(model_id)
+        return None if entry is None else entry[0]
+
+    async def wait_for_worker(self, model_id: str, *, exclude: Collection[str] = ()) -> None:
+        """Return once a worker of ``model_id`` (not in ``exclude``) is routable, without a
+        checkpoint when one already is (so a :meth:`lease` right after sees the same state).
+        A known model without one waits up to ``worker_wait_timeout_s`` (a rolling update, a
+        restarting engine); then, or at once for an unknown model, raises
+        :class:`NoWorkerAvailable`. Returns early while draining (the lease refuses)."""
+        registry = self.registry
+        if self._draining or registry.workers_for(model_id, exclude):
+            return
+        with trio.move_on_after(self.worker_wait_timeout_s):
+            while model_id in self.known_models():
+                changed = registry.changed
+                with trio.move_on_after(_WAIT_RECHECK_S):
+                    await changed.wait()
+                if self._draining or registry.workers_for(model_id, exclude):
+                    return
+        raise NoWorkerAvailable(
+            f"no ready worker for model {model_id!r} (waited up to "
+            f"{self.worker_wait_timeout_s:g} s)"
+        )
 
     @contextmanager
-    def lease(self, model_id: str) -> Iterator[WorkerLease]:
+    def lease(self, model_id: str, exclude: Collection[str] = ()) -> Iterator[WorkerLease]:
         if self._draining:
             raise NoWorkerAvailable("the gateway is draining")
-        worker = self.registry.select(model_id, self.policy)
+        worker = self.registry.select(model_id, self.policy, exclude)
         if not isinstance(worker, WorkerState) or worker.engine_client is None:
             raise NoWorkerAvailable(f"no healthy worker for model {model_id!r}")
         client = worker.engine_client
@@ -485,7 +545,7 @@ class WorkerManager:
             worker = ctx.get(_WORKER)
             worker.scope.cancel()
             await worker.stopped.wait()
-            self._forget(worker)
+            self._forget(worker, retire=False)
 
         return WorkflowDefinition(
             "register_zmq_worker",
@@ -658,12 +718,25 @@ class WorkerManager:
         w = self.registry.get(worker_id)
         return w if isinstance(w, WorkerState) else None
 
-    def _forget(self, worker: WorkerState) -> None:
+    def _forget(self, worker: WorkerState, *, retire: bool = True) -> None:
+        """Drop ``worker``. If it was its model's last, the model stays known for
+        ``model_grace_s`` (``retire``: a removal, a rolling update) or, for a registration that
+        failed and so never served, goes at once (an earlier removal's grace still holds)."""
         if worker.worker_id in self.registry:
             self.registry.remove(worker.worker_id)
         worker.status = "removed"
-        if not self.registry.list(model=worker.model_id):
-            self.models.pop(worker.model_id, None)
+        model_id = worker.model_id
+        if not self.registry.list(model=model_id):
+            if not retire:
+                self.models.pop(model_id, None)
+                return
+            # Still known for a grace period: requests wait for a re-added worker, then 503.
+            served = self.models.pop(model_id, None)
+            if served is None and (entry := self._retired_entry(model_id)) is not None:
+                served = entry[0]
+            self._retired[model_id] = (served, trio.current_time() + self.model_grace_s)
+            for other in list(self._retired):
+                self._retired_entry(other)  # forget the expired ones
 
     def kill_worker_client(self, url: str, reason: str) -> None:
         """Fail a worker's in-flight requests now (its engine process exited)."""

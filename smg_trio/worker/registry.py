@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, Literal, get_args
 
 import attrs
+import trio
 
 from smg_trio.errors import SmgError
 from smg_trio.protocol.types import EngineLoad
@@ -51,6 +52,13 @@ class WorkerNotFoundError(SmgError, LookupError):
     """No registered worker has this id."""
 
 
+def _status_set(worker: Worker, _attribute: attrs.Attribute[Any], value: str) -> str:
+    # runs before the value is stored: wake the waiters once it is, on their next checkpoint
+    # (trio runs them only after this synchronous assignment finished)
+    worker.changed()
+    return value
+
+
 @attrs.define(eq=False)
 class Worker:
     """One registered worker: an engine (or DP group of engines) behind one socket set.
@@ -73,6 +81,8 @@ class Worker:
         client: The engine client; opaque here.
         inflight: Requests dispatched and not finished (see :meth:`track`).
         loads: The engines' latest load snapshot, one per DP rank.
+        on_change: Called after every ``status`` change (the registry that holds the worker
+            sets it, to wake :meth:`WorkerRegistry.changed` waiters).
 
     Raises:
         ValueError: an unknown ``runtime`` or ``status``, or ``dp_size < 1``.
@@ -85,7 +95,9 @@ class Worker:
     )
     worker_id: str = attrs.field(factory=lambda: str(uuid.uuid4()))
     status: WorkerStatus = attrs.field(
-        default="pending", validator=attrs.validators.in_(get_args(WorkerStatus))
+        default="pending",
+        validator=attrs.validators.in_(get_args(WorkerStatus)),
+        on_setattr=attrs.setters.pipe(attrs.setters.validate, _status_set),
     )
     dp_size: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     handshake_address: str | None = None
@@ -94,6 +106,12 @@ class Worker:
     client: Any | None = None
     inflight: int = 0
     loads: tuple[EngineLoad, ...] = ()
+    on_change: Callable[[], None] | None = attrs.field(default=None, repr=False)
+
+    def changed(self) -> None:
+        """Tell the registry something routing depends on changed (status, engine client)."""
+        if self.on_change is not None:
+            self.on_change()
 
     @property
     def healthy(self) -> bool:
@@ -122,13 +140,26 @@ class WorkerRegistry:
     """Workers by id, with URL and handshake-address indexes that reject collisions.
 
     Synchronous and lock-free: every method runs to completion without a checkpoint, so
-    concurrent trio tasks always see a consistent registry.
+    concurrent trio tasks always see a consistent registry. :attr:`changed` wakes tasks that
+    wait for a worker to become routable.
     """
 
     def __init__(self) -> None:
         self._workers: dict[str, Worker] = {}
         self._by_url: dict[str, str] = {}
         self._by_handshake: dict[str, str] = {}
+        self._changed = trio.Event()
+
+    @property
+    def changed(self) -> trio.Event:
+        """Set at the next change of membership or of a member's status or engine client
+        (then replaced by a fresh event): grab it, check the registry, then wait on it."""
+        return self._changed
+
+    def touch(self) -> None:
+        """Wake :attr:`changed` waiters (a member changed in a way the registry cannot see)."""
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
 
     def register(self, worker: Worker) -> Worker:
         """Add ``worker`` and return it.
@@ -165,6 +196,8 @@ class WorkerRegistry:
         self._by_url[worker.url] = worker.worker_id
         if address is not None:
             self._by_handshake[address] = worker.worker_id
+        worker.on_change = self.touch
+        self.touch()
         return worker
 
     #: Alias of :meth:`register`.
@@ -183,6 +216,8 @@ class WorkerRegistry:
         if worker.handshake_address is not None:
             self._by_handshake.pop(worker.handshake_address, None)
         worker.status = "removed"
+        worker.on_change = None
+        self.touch()
         return worker
 
     def get(self, worker_id: str) -> Worker | None:
@@ -202,15 +237,22 @@ class WorkerRegistry:
         """Model ids with at least one registered worker (any status), sorted."""
         return tuple(sorted({w.model_id for w in self._workers.values()}))
 
-    def workers_for(self, model: str) -> tuple[Worker, ...]:
+    def workers_for(self, model: str, exclude: Collection[str] = ()) -> tuple[Worker, ...]:
         """The workers of ``model`` that may take a request now: ``ready`` with a circuit that
-        allows it."""
-        return tuple(w for w in self._workers.values() if w.model_id == model and w.healthy)
+        allows it, and an id not in ``exclude``."""
+        return tuple(
+            w
+            for w in self._workers.values()
+            if w.model_id == model and w.worker_id not in exclude and w.healthy
+        )
 
-    def select(self, model: str, policy: LoadBalancingPolicy) -> Worker | None:
-        """The worker ``policy`` picks among :meth:`workers_for` ``model``, or ``None`` if no
-        worker is routable. The caller should count the request with :meth:`Worker.track`."""
-        candidates: Sequence[Worker] = self.workers_for(model)
+    def select(
+        self, model: str, policy: LoadBalancingPolicy, exclude: Collection[str] = ()
+    ) -> Worker | None:
+        """The worker ``policy`` picks among :meth:`workers_for` ``model`` (skipping the ids in
+        ``exclude``), or ``None`` if no worker is routable. The caller should count the request
+        with :meth:`Worker.track`."""
+        candidates: Sequence[Worker] = self.workers_for(model, exclude)
         return policy.select(candidates) if candidates else None
 
     def __len__(self) -> int:

@@ -250,13 +250,40 @@ def test_serve_vllm_needs_model() -> None:
         cli._config_from_args(args, [])  # type: ignore[arg-type]
 
 
-def test_launch_needs_worker_urls_and_model_path() -> None:
-    with pytest.raises(SystemExit, match="--worker-urls"):
-        cli._config_from_args(_args(["launch", "--model-path", "/m"]), [])  # type: ignore[arg-type]
+def test_launch_worker_urls_need_model_path() -> None:
     with pytest.raises(SystemExit, match="--model-path"):
         cli._config_from_args(  # type: ignore[arg-type]
             _args(["launch", "--worker-urls", "ipc:///tmp/x/engine-1"]), []
         )
+
+
+def test_launch_starts_empty_without_worker_urls_or_model_path() -> None:
+    """Issue 15 item 3: neither flag is needed; workers come later (API or discovery)."""
+    config = cli._config_from_args(_args(["launch"]), [])  # type: ignore[arg-type]
+    assert config.worker_urls == ()
+    assert config.model_path is None
+    assert config.worker_wait_timeout_s == 10.0
+    assert config.discovery_file is None
+    model = str(default_tiny_model_dir())
+    config = cli._config_from_args(_args(["launch", "--model-path", model]), [])  # type: ignore[arg-type]
+    assert config.worker_urls == ()
+    assert config.model_path == model
+
+
+def test_discovery_and_worker_wait_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["launch", "--discovery-provider", "file", "--discovery-file", "/etc/w.json"]
+    config = cli._config_from_args(_args(argv), [])  # type: ignore[arg-type]
+    assert config.discovery_file == "/etc/w.json"
+    monkeypatch.setenv("SMG_TRIO_WORKER_WAIT_TIMEOUT_SECS", "2.5")
+    monkeypatch.setenv("SMG_TRIO_DISCOVERY_FILE", "/etc/w.toml")
+    config = cli._config_from_args(_args(["launch"]), [])  # type: ignore[arg-type]
+    assert config.worker_wait_timeout_s == 2.5
+    assert config.discovery_file == "/etc/w.toml"
+    monkeypatch.delenv("SMG_TRIO_DISCOVERY_FILE")
+    with pytest.raises(SystemExit, match="--discovery-file"):
+        cli._config_from_args(_args(["launch", "--discovery-provider", "file"]), [])  # type: ignore[arg-type]
+    with pytest.raises(SystemExit):
+        _args(["launch", "--discovery-provider", "kubernetes"])
 
 
 # -- subcommands ------------------------------------------------------------------------------

@@ -55,8 +55,6 @@ T = TypeVar("T")
 JSON_TYPE = "application/json"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _MAX_REQUEST_ID = 256
-#: Leases tried when looking for a worker other than the one that asked for a retry.
-_RETRY_PICKS = 4
 
 #: Request bodies from this size on are rendered and tokenized in a worker thread (HF
 #: ``tokenizers`` releases the GIL while it encodes); smaller ones inline, where a thread
@@ -142,19 +140,27 @@ class Gateway:
                 error_type="authentication_error",
             )
 
-    def resolve_model(self, name: str | None) -> ServedModel:
-        """Exact, case- and space-sensitive lookup. A missing ``model`` picks the only served
-        model (vLLM's rule) and is a 400 when several are served. Unknown: 404."""
+    async def resolve_model(self, name: str | None) -> ServedModel:
+        """Exact, case- and space-sensitive lookup. A missing ``model`` picks the only known
+        model (vLLM's rule) and is a 400 when several are known. Unknown (never registered,
+        or gone longer than the grace period): 404. A known model whose tokenizer is still
+        loading (its first worker registers) waits for a ready worker, as a lease does."""
+        backend = self.backend
         if name is None:
-            models = self.backend.list_models()
-            if len(models) == 1:
-                return models[0]
-            raise ApiError(
-                400, "'model' is required", param="model", code="missing_required_parameter"
-            )
-        served = self.backend.get_model(name)
+            known = backend.known_models()
+            if len(known) != 1:
+                raise ApiError(
+                    400, "'model' is required", param="model", code="missing_required_parameter"
+                )
+            name = known[0]
+        served = backend.get_model(name)
         if served is None:
-            raise model_not_found(name)
+            if name not in backend.known_models():
+                raise model_not_found(name)
+            await backend.wait_for_worker(name)  # the tokenizer loads before it is ready
+            served = backend.get_model(name)
+            if served is None:
+                raise NoWorkerAvailable(f"model {name!r} is not ready")
         return served
 
     def engine_id(self, response_id: str) -> str:
@@ -249,11 +255,15 @@ class RequestCall:
         self.engine_id = self.gw.engine_id(self.response_id)
         return ResponseIds(self.response_id, self.created, self.engine_id)
 
-    def lease(self, model_id: str) -> WorkerLease:
-        """Take a worker for this request (503 when none); released by :meth:`close`."""
-        if self.gw.backend.draining:
+    async def lease(self, model_id: str) -> WorkerLease:
+        """Take a worker for this request, released by :meth:`close`. With none ready (a
+        rolling update, a restarting engine), wait up to the backend's bound for one; then
+        503 with ``Retry-After``."""
+        backend = self.gw.backend
+        await backend.wait_for_worker(model_id)
+        if backend.draining:
             raise ApiError(503, "the gateway is shutting down", code="draining")
-        cm = self.gw.backend.lease(model_id)
+        cm = backend.lease(model_id)
         lease = cm.__enter__()
         self._lease_cm, self._lease = cm, lease
         self.gw.metrics.track_worker(lease.worker_id, lease.client)
@@ -284,19 +294,15 @@ class RequestCall:
         old_cm, old = self._lease_cm, self._lease
         assert old_cm is not None
         assert old is not None
-        for _ in range(_RETRY_PICKS):
-            cm = self.gw.backend.lease(model_id)
-            try:
-                lease = cm.__enter__()
-            except NoWorkerAvailable:
-                return None
-            if lease.worker_id != old.worker_id and lease.client.alive:
-                self._lease_cm, self._lease = cm, lease
-                old_cm.__exit__(None, None, None)
-                self.gw.metrics.track_worker(lease.worker_id, lease.client)
-                return lease
-            cm.__exit__(None, None, None)
-        return None
+        cm = self.gw.backend.lease(model_id, exclude=(old.worker_id,))
+        try:
+            lease = cm.__enter__()
+        except NoWorkerAvailable:
+            return None
+        self._lease_cm, self._lease = cm, lease
+        old_cm.__exit__(None, None, None)
+        self.gw.metrics.track_worker(lease.worker_id, lease.client)
+        return lease
 
     def on_batch(self) -> None:
         """Called per engine batch: marks the first token's time."""

@@ -23,7 +23,7 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
     streaming = False
     try:
         body = await call.read_body(api.body_type)
-        served = call.gw.resolve_model(body.model)
+        served = await call.gw.resolve_model(body.model)
         draft = api.check(body, served, call.gw.config)
         tokens = await call.tokenize(draft.tokenize)
         job = draft.build(tokens, call.reserve_ids())
@@ -34,7 +34,7 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
                 return call.ok_response(job.result(None))
             renderer = job.renderer()
             return sse_whole(call, renderer.start() + renderer.end() + DONE)
-        client = call.lease(served.model_id).client
+        client = (await call.lease(served.model_id)).client
         check_data_parallel_rank(job.data_parallel_rank, client.ranks)
         if job.stream:
             response = await sse_response(call, client, job.subs, job.renderer())

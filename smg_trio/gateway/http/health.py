@@ -29,18 +29,19 @@ def liveness() -> tuple[int, bytes]:
 
 
 def health(backend: GatewayBackend) -> tuple[int, bytes]:
-    """``200 OK`` while at least one worker's engine is alive (also while draining);
-    ``503`` when every engine is dead or none is registered (vLLM's ``/health``)."""
+    """``200 OK`` while at least one worker's engine is alive (also while draining), or while
+    no worker is registered (a gateway started empty has nothing that died); ``503`` when
+    every registered worker's engine is dead or not yet connected (vLLM's ``/health``)."""
     r = backend.readiness()
-    if r.healthy_workers > 0:
+    if r.healthy_workers > 0 or r.total_workers == 0:
         return 200, b"OK"
     return 503, b"no healthy engine"
 
 
 def readiness(backend: GatewayBackend) -> tuple[int, bytes]:
     """``200 {"status": "ready", "healthy_workers", "total_workers"}`` or
-    ``503 {"status": "not ready", "reason", ...}`` (reason e.g. ``draining``,
-    ``insufficient healthy workers``, ``tokenizer not yet registered``)."""
+    ``503 {"status": "not ready", "reason", ...}`` (reason e.g. ``draining``, ``no workers``,
+    ``insufficient healthy workers``)."""
     r = backend.readiness()
     if r.ready:
         return 200, msgspec.json.encode(_Ready("ready", r.healthy_workers, r.total_workers))

@@ -49,7 +49,8 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
-#: ``Retry-After`` seconds on a 503 for an engine's retryable request error.
+#: ``Retry-After`` seconds on a 503 for an engine's retryable request error, or for a known
+#: model with no ready worker.
 RETRY_AFTER_S = 1
 
 
@@ -149,7 +150,14 @@ def to_api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ValidationError):
         status = 409 if isinstance(exc, ConflictError) else 400
         return ApiError(status, exc.message, param=exc.param, code=exc.code)
-    if isinstance(exc, (NoWorkerAvailable, EngineDeadError, ClientClosed)):
+    if isinstance(exc, NoWorkerAvailable):  # no worker now; one may be back soon
+        return ApiError(
+            503,
+            str(exc) or "no engine available",
+            code="service_unavailable",
+            retry_after=RETRY_AFTER_S,
+        )
+    if isinstance(exc, (EngineDeadError, ClientClosed)):
         return ApiError(503, str(exc) or "no engine available", code="service_unavailable")
     if isinstance(exc, EngineRequestFailed):
         retry = RETRY_AFTER_S if exc.retryable else None

@@ -23,13 +23,15 @@ def model_card(m: ServedModel) -> ModelCard:
 
 
 def model_list(backend: GatewayBackend) -> bytes:
-    """The JSON list of every served model."""
+    """The JSON list of the models with a ready worker (a model whose workers are all still
+    registering, or all gone, is not listed, although requests for it wait for one)."""
     return msgspec.json.encode(ModelList(data=[model_card(m) for m in backend.list_models()]))
 
 
 def model_detail(backend: GatewayBackend, model_id: str) -> bytes:
-    """One model's JSON card. Raises ``ApiError`` 404 ``model_not_found``."""
-    m = backend.get_model(model_id)
+    """One listed model's JSON card. Raises ``ApiError`` 404 ``model_not_found`` for a model
+    :func:`model_list` does not list."""
+    m = next((m for m in backend.list_models() if m.model_id == model_id), None)
     if m is None:
         raise model_not_found(model_id)
     return msgspec.json.encode(model_card(m))
