@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
@@ -310,6 +310,12 @@ def _parser() -> argparse.ArgumentParser:
         help="python interpreter that runs the engines, e.g. a separate vLLM virtualenv's "
         "bin/python (default: this interpreter)",
     )
+    s.add_argument(
+        "--mock-script",
+        metavar="FILE",
+        help="with --backend mock: a JSON or TOML file of rules that answer matching prompts "
+        "with scripted text or token ids (docs/mock.md; default: random tokens)",
+    )
     _common(s)
 
     la = sub.add_parser(
@@ -458,6 +464,22 @@ def _check_model_dir(path: str, flag: str) -> None:
         )
 
 
+def _usage_error(message: str) -> NoReturn:
+    """Exit 2 (argparse's usage-error status) with ``smg_trio: error: MESSAGE``."""
+    print(f"smg_trio: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _check_mock_script(path: str, tok: Any) -> None:
+    """A usage error (exit 2) naming the file and the rule unless the mock script compiles."""
+    from smg_trio.mock.script import MockScriptError, load_script
+
+    try:
+        load_script(path, tok)
+    except MockScriptError as exc:
+        _usage_error(str(exc))
+
+
 def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 
@@ -508,11 +530,15 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             model = model or str(default_tiny_model_dir())
             _check_model_dir(model, "--model")
             tok = Tokenizer.from_dir(model)
+            if args.mock_script is not None:
+                _check_mock_script(args.mock_script, tok)
             if tok.eos_token_id is not None and "--eos-token-id" not in extra:
                 extra += ["--eos-token-id", str(tok.eos_token_id)]
             log.warning(
                 "backend 'mock': the built-in mock engine produces SYNTHETIC text, not a model's output"
             )
+        elif args.mock_script is not None:
+            _usage_error(f"--mock-script needs --backend mock, not {backend}")
         if model is None:
             raise SystemExit(f"serve --backend {backend} needs --model DIR")
         _check_model_dir(model, "--model")
@@ -528,6 +554,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
                 engine_args=tuple(extra),
                 socket_dir=args.socket_dir,
                 python=args.engine_python,
+                mock_script=args.mock_script,
             ),
             **common,
         )

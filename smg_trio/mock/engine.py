@@ -3,6 +3,8 @@
 It simulates continuous batching (one token per active request per step), honours
 max_tokens / stop_token_ids / EOS / ignore_eos, returns logprobs in the real wire shapes,
 attaches load, and can be scripted to misbehave (stall, die, send garbage, fail requests).
+With a script (``--script FILE``, :mod:`smg_trio.mock.script`), prompts that match a rule get
+the rule's tokens instead of random ones.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import trio
 
 from smg_trio.codec.msgpack import decode, encoder
 from smg_trio.codec.tensor import encode_tensor_inline
+from smg_trio.mock.script import MockScript, MockScriptError, load_script
 from smg_trio.protocol import tokenspeed as ts
 from smg_trio.protocol import vllm
 from smg_trio.protocol.handshake import EngineCoreReadyResponse, encode_ready_response
@@ -58,6 +61,11 @@ class MockRequest:
     steps: list[list[int]] | None = None
     arrival_step: int = 0
     error: vllm.RequestError | None = None
+    #: With ``steps``: the finish reason and stop reason of the last step (a scripted reply);
+    #: ``None`` finishes with ``stop`` on the step after the last.
+    final: tuple[str, int | str | None] | None = None
+    #: The script rule that answered, if any.
+    rule: str | None = None
 
 
 #: A scripted plan: the token ids to emit per step for a request (each inner list is one step).
@@ -86,6 +94,8 @@ class MockEngineConfig:
     reject: Callable[[MockRequest], bool] | None = None
     #: True finishes the request with ERROR; a ``RequestError`` also sends it (vLLM 0.33).
     error_finish: Callable[[MockRequest], bool | vllm.RequestError] | None = None
+    #: Scripted replies for prompts that match a rule (``plan``, when set, comes first).
+    script: MockScript | None = None
 
 
 class MockEngine:
@@ -276,6 +286,13 @@ class MockEngine:
         req.arrival_step = self._step
         if self.config.plan is not None:
             req.steps = [list(s) for s in self.config.plan(req)]
+        elif self.config.script is not None:
+            reply = self.config.script.reply_for(req.prompt_token_ids)
+            if reply is not None:
+                req.steps = [list(s) for s in reply.steps]
+                req.final = (reply.finish_reason, reply.stop_reason)
+                req.rule = reply.rule
+                log.debug("mock: %s answers %s", reply.rule, req.request_id)
         self.active[req.request_id] = req
         self.request_event.set()
         self.request_event = trio.Event()
@@ -306,17 +323,15 @@ class MockEngine:
         lo, hi = cfg.token_range
         return [self._rng(req).randrange(lo, hi)]
 
-    def _advance(self, req: MockRequest) -> tuple[list[int], str | None, int | None]:
+    def _advance(self, req: MockRequest) -> tuple[list[int], str | None, int | str | None]:
         """Emit this step's tokens for ``req`` applying vLLM's check_stop order: min_tokens
-        gate, EOS, stop_token_ids, then length."""
+        gate, EOS, stop_token_ids, then length; a scripted reply's own finish comes last, on
+        its last step."""
         out: list[int] = []
         planned = self._next_tokens(req)
-        if (
-            req.steps is not None
-            and not planned
-            and self._step - req.arrival_step - 1 >= len(req.steps)
-        ):
-            return out, "stop", None
+        idx = self._step - req.arrival_step - 1
+        if req.steps is not None and not planned and idx >= len(req.steps):
+            return (out, *req.final) if req.final is not None else (out, "stop", None)
         for tok in planned:
             out.append(tok)
             req.generated.append(tok)
@@ -328,6 +343,8 @@ class MockEngine:
                     return out, "stop", tok
             if n >= req.max_tokens:
                 return out, "length", None
+        if req.final is not None and req.steps is not None and idx == len(req.steps) - 1:
+            return (out, *req.final)
         return out, None, None
 
     async def _step_loop(self) -> None:
@@ -350,7 +367,7 @@ class MockEngine:
                 await self._push([b"\xc1\xc1garbage"])
                 continue
             self._step += 1
-            results: list[tuple[MockRequest, list[int], str | None, int | None]] = []
+            results: list[tuple[MockRequest, list[int], str | None, int | str | None]] = []
             for req in list(self.active.values()):
                 if (cfg.reject is not None and cfg.reject(req)) or req.n != 1:
                     results.append((req, [], "reject", None))
@@ -435,7 +452,7 @@ class MockEngine:
         return [arr.dtype.str, list(arr.shape), len(aux)]
 
     async def _send_vllm(
-        self, results: Sequence[tuple[MockRequest, list[int], str | None, int | None]]
+        self, results: Sequence[tuple[MockRequest, list[int], str | None, int | str | None]]
     ) -> None:
         assert self._sockets is not None
         aux: list[bytes] = []
@@ -552,6 +569,18 @@ def _parser() -> argparse.ArgumentParser:
         help="reported data_parallel_size; > 1 makes a lockstep (wave) group for vLLM",
     )
     parser.add_argument(
+        "--script",
+        metavar="FILE",
+        help="a JSON or TOML (.toml) file of rules that answer matching prompts with scripted "
+        "text or token ids (docs/mock.md); without it every prompt gets random tokens",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="DIR",
+        help="the model directory whose tokenizer decodes prompts and encodes the script's text "
+        "(with --script; default: the generated tiny model serve --backend mock serves)",
+    )
+    parser.add_argument(
         "--log-level",
         default="WARNING",
         type=str.upper,
@@ -576,16 +605,43 @@ async def run_until_signal(engine: MockEngine) -> None:
             nursery.cancel_scope.cancel()
 
 
+def _load_script_or_exit(
+    parser: argparse.ArgumentParser, path: str, model: str | None
+) -> MockScript:
+    """The compiled script, loaded before the engine dials (so no request waits on it); a bad
+    script or model directory is a usage error (exit 2)."""
+    from smg_trio.tokenizer import Tokenizer
+
+    try:
+        if model is None:
+            from smg_trio.mock.tiny_model import default_tiny_model_dir
+
+            model = str(default_tiny_model_dir())
+        tokenizer = Tokenizer.from_dir(model)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--model {model}: cannot load its tokenizer: {exc}")
+    try:
+        return load_script(path, tokenizer)
+    except MockScriptError as exc:
+        parser.error(str(exc))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m smg_trio.mock.engine``: dial ``--handshake`` and serve until SIGINT or
     SIGTERM; returns the exit status (0 on a signal)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if args.step_ms < 0:
         log.error("--step-ms must be >= 0")
         return 2
+    script = None
+    if args.script is not None:
+        script = _load_script_or_exit(parser, args.script, args.model)
+    elif args.model is not None:
+        parser.error("--model is the tokenizer of --script; give --script too")
     config = MockEngineConfig(
         protocol=args.protocol,
         engine_index=args.engine_index,
@@ -593,6 +649,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         eos_token_id=args.eos_token_id,
         max_model_len=args.max_model_len,
         data_parallel_size=args.data_parallel_size,
+        script=script,
     )
     engine = MockEngine(args.handshake, config)
     log.info("mock %s engine %d dialing %s", config.protocol, config.engine_index, args.handshake)

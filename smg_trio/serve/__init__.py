@@ -152,11 +152,21 @@ def _launch_plan(config: GatewayConfig) -> list[tuple[str, EngineLaunch]]:
             socket_dir=eng.socket_dir,
             engine_args=eng.engine_args,
             python=eng.python,
+            mock_script=eng.mock_script,
         )
         for i in range(eng.dp_size)
     ]
     reject_handshake_collisions([launch.worker_url for launch in launches])
     return [(launch.worker_url, launch) for launch in launches]
+
+
+def _check_mock_script(path: str, model: str) -> None:
+    """Compile the mock's script as the mock will (a ``MockScriptError``, a ``ValueError``,
+    names the file and the rule), so that a bad one fails before any engine launches."""
+    from smg_trio.mock.script import load_script
+    from smg_trio.tokenizer import Tokenizer
+
+    load_script(path, Tokenizer.from_dir(model))
 
 
 @attrs.define
@@ -253,10 +263,13 @@ async def serve(
     gets SIGTERM, then SIGKILL after ``ENGINE_STOP_GRACE_S`` seconds, or at once once
     ``force_stop`` is set (the CLI sets it on a second signal).
     Raises ``EngineExited`` if a launched engine dies before its worker registered, and
-    ``SmgError`` if a worker fails to register.
+    ``SmgError`` if a worker fails to register; ``ValueError`` for a bad plan (a bad
+    ``mock_script`` among them) before anything launches.
     """
     plan = _launch_plan(config)
     eng = config.engines
+    if eng is not None and eng.mock_script is not None and eng.model is not None:
+        await trio.to_thread.run_sync(_check_mock_script, eng.mock_script, eng.model)
     async with trio.open_nursery() as nursery:
         manager = WorkerManager(
             nursery,

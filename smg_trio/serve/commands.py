@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -117,13 +118,18 @@ def build_engine_command(
     socket_dir: str | None = None,
     engine_args: Sequence[str] = (),
     python: str | None = None,
+    mock_script: str | None = None,
 ) -> EngineLaunch:
     """The engine command for one worker on ``port``.
 
     ``backend`` is ``vllm`` (``vllm serve --headless`` dialing the derived handshake port),
     ``tokenspeed`` (``tokenspeed.cli serve --headless``) or ``mock`` (our mock engine over the
-    vLLM wire). Raises ``ValueError`` for a backend without a ZMQ wire.
+    vLLM wire; ``mock_script`` becomes its ``--script``, with ``model`` as the tokenizer).
+    Raises ``ValueError`` for a backend without a ZMQ wire, or a ``mock_script`` for another
+    backend.
     """
+    if mock_script is not None and backend != "mock":
+        raise ValueError(f"a mock script needs backend 'mock', not {backend!r}")
     py = python or sys.executable
     url = worker_url(port, socket_dir)
     addrs = worker_addresses(url)
@@ -157,5 +163,7 @@ def build_engine_command(
             py, "-m", "smg_trio.mock.engine", "--handshake", addrs.handshake,
             *engine_args,
         ]  # fmt: skip
+        if mock_script is not None:
+            argv += ["--script", os.path.abspath(mock_script), "--model", model]
         return EngineLaunch(url, argv, 1, env)
     raise ValueError(f"backend {backend!r} has no ZMQ wire; use vllm, tokenspeed or mock")

@@ -37,7 +37,8 @@ DEFAULT_WORKER_BASE_PORT = 31000
 @attrs.frozen
 class EngineLaunchConfig:
     """Engines ``serve`` launches as child processes: ``dp_size`` independent workers of
-    ``backend`` on ports from ``worker_base_port``; ``engine_args`` pass through verbatim."""
+    ``backend`` on ports from ``worker_base_port``; ``engine_args`` pass through verbatim.
+    ``mock_script`` (``backend="mock"`` only) is the mock's script file (docs/mock.md)."""
 
     backend: str = "mock"
     model: str | None = None
@@ -46,6 +47,7 @@ class EngineLaunchConfig:
     engine_args: tuple[str, ...] = ()
     socket_dir: str | None = None
     python: str | None = None
+    mock_script: str | None = None
 
 
 @attrs.frozen
