@@ -94,6 +94,10 @@ class GatewayBackend(Protocol):
     def readiness(self) -> Readiness:
         """Ready when a worker and its tokenizer are ready and the gateway is not draining."""
 
+    def engine_clients(self) -> Sequence[tuple[str, EngineClient]]:
+        """``(model_id, client)`` for every worker whose engine client is alive: the engines
+        whose load ``/metrics`` reports per model."""
+
 
 class StaticBackend:
     """A fixed set of (model, clients); round-robin among a model's live clients."""
@@ -125,6 +129,9 @@ class StaticBackend:
             raise NoWorkerAvailable(f"no healthy worker for model {model_id!r}")
         i = self._next[model_id] = (self._next[model_id] + 1) % len(clients)
         yield WorkerLease(worker_id=f"{model_id}-{i}", client=clients[i])
+
+    def engine_clients(self) -> Sequence[tuple[str, EngineClient]]:
+        return [(m, c) for m, cs in self._clients.items() for c in cs if c.alive]
 
     def readiness(self) -> Readiness:
         total = sum(len(c) for c in self._clients.values())
