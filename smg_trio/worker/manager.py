@@ -656,9 +656,7 @@ class WorkerManager:
     def engine_clients(self) -> Sequence[tuple[str, EngineClient]]:
         """``(model_id, client)`` of every worker whose engine client is alive (metrics)."""
         return [
-            (w.model_id, c)
-            for w in self.workers
-            if (c := w.engine_client) is not None and c.alive
+            (w.model_id, c) for w in self.workers if (c := w.engine_client) is not None and c.alive
         ]
 
     def get_worker(self, worker_id: str) -> WorkerState | None:
