@@ -111,6 +111,10 @@ class GatewayBackend(Protocol):
     def readiness(self) -> Readiness:
         """Ready when a worker and its tokenizer are ready and the gateway is not draining."""
 
+    def engine_clients(self) -> Sequence[tuple[str, EngineClient]]:
+        """``(model_id, client)`` for every worker whose engine client is alive: the engines
+        whose load ``/metrics`` reports per model."""
+
 
 class StaticBackend:
     """A fixed set of (model, clients); round-robin among a model's live clients."""
@@ -153,6 +157,9 @@ class StaticBackend:
         i = self._next[model_id] = (self._next[model_id] + 1) % len(clients)
         worker_id, client = clients[i]
         yield WorkerLease(worker_id=worker_id, client=client)
+
+    def engine_clients(self) -> Sequence[tuple[str, EngineClient]]:
+        return [(m, c) for m, cs in self._clients.items() for c in cs if c.alive]
 
     def readiness(self) -> Readiness:
         total = sum(len(c) for c in self._clients.values())

@@ -115,12 +115,15 @@ class PrefillStats(msgspec.Struct, gc=False):
 
 
 class SchedulerStats(msgspec.Struct, gc=False):
-    """``scheduler_stats`` map, decoded leniently: only the three load fields are modelled,
-    every other key (there are many, and they change between versions) is skipped."""
+    """``scheduler_stats`` map, decoded leniently: only the load fields are modelled, every
+    other key (there are many, and they change between versions) is skipped. Waiting counts
+    ``num_waiting_reqs`` plus ``num_skipped_waiting_reqs`` (deferred), as vLLM 0.32's
+    ``vllm:num_requests_waiting`` does."""
 
     num_running_reqs: int
     num_waiting_reqs: int
     kv_cache_usage: float
+    num_skipped_waiting_reqs: int = 0
 
 
 class RequestError(msgspec.Struct, gc=False):
@@ -252,7 +255,11 @@ def decode_outputs(frames: Frames) -> EngineBatch:
     load = (
         None
         if stats is None
-        else EngineLoad(stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage)
+        else EngineLoad(
+            stats.num_running_reqs,
+            stats.num_waiting_reqs + stats.num_skipped_waiting_reqs,
+            stats.kv_cache_usage,
+        )
     )
     outputs = [_output(o, frames) for o in env.outputs]
     return EngineBatch(

@@ -713,6 +713,12 @@ class WorkerManager:
         """Every registered worker, in registration order."""
         return [w for w in self.registry if isinstance(w, WorkerState)]
 
+    def engine_clients(self) -> Sequence[tuple[str, EngineClient]]:
+        """``(model_id, client)`` of every worker whose engine client is alive (metrics)."""
+        return [
+            (w.model_id, c) for w in self.workers if (c := w.engine_client) is not None and c.alive
+        ]
+
     def get_worker(self, worker_id: str) -> WorkerState | None:
         """The worker with this id, or ``None``."""
         w = self.registry.get(worker_id)

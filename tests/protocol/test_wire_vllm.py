@@ -441,6 +441,20 @@ def test_scheduler_stats_become_load_and_other_keys_are_skipped() -> None:
     assert batch.outputs == []
 
 
+def test_deferred_waiting_requests_count_as_waiting() -> None:
+    """vLLM 0.32's ``vllm:num_requests_waiting`` is ``num_waiting_reqs`` plus the requests
+    deferred by LoRA budget or KV transfer (``num_skipped_waiting_reqs``); so is ours."""
+    stats = {
+        "num_running_reqs": 1,
+        "num_waiting_reqs": 2,
+        "num_skipped_waiting_reqs": 3,
+        "kv_cache_usage": 0.25,
+    }
+    batch = decode_outputs(frames_of(envelope([], scheduler_stats=stats)))
+    assert batch.load is not None
+    assert batch.load.num_waiting == 5
+
+
 def test_utility_only_envelope_is_an_empty_batch() -> None:
     batch = decode_outputs(frames_of(envelope([], utility_output=[1, None, [None, 7]])))
     assert batch.outputs == []

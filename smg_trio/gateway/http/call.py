@@ -23,7 +23,7 @@ from smg_trio.errors import EngineError
 from smg_trio.exc_groups import is_cancellation
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.admission import AdmissionGate
-from smg_trio.gateway.http.metrics import GatewayMetrics
+from smg_trio.gateway.http.metrics import FastHistogram, GatewayMetrics, ModelStats
 from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.errors import (
     ApiError,
@@ -55,6 +55,9 @@ T = TypeVar("T")
 JSON_TYPE = "application/json"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _MAX_REQUEST_ID = 256
+#: Error codes whose unfinished engine requests count as ``finished_reason="abort"`` in
+#: ``vllm:request_success_total`` (the request was stopped, not failed); others: ``"error"``.
+_ABORT_CODES = frozenset({None, "client_disconnected", "engine_aborted", "draining"})
 
 #: Request bodies from this size on are rendered and tokenized in a worker thread (HF
 #: ``tokenizers`` releases the GIL while it encodes); smaller ones inline, where a thread
@@ -111,6 +114,7 @@ class Gateway:
         )
         self.tokenizer_limiter = trio.CapacityLimiter(TOKENIZER_THREADS)
         metrics.watch_admission(self.admission)
+        metrics.watch_backend(backend)
 
     def request_id(self, request: Request | AsgiRequest) -> str:
         """The first configured request-id header present (printable ASCII without spaces,
@@ -196,6 +200,10 @@ class RequestCall:
         self.created = int(time.time())
         self.start = time.perf_counter()
         self.first_batch: float | None = None
+        self._last_batch: float | None = None
+        #: The leased model's ``vllm:*`` stats, and its inter-token histogram (one choice).
+        self._model: ModelStats | None = None
+        self._itl: FastHistogram | None = None
         self.engine_id: str | None = None
         self.prompt_tokens = 0
         self.subs: Sequence[SubRequest] = ()
@@ -266,7 +274,11 @@ class RequestCall:
         cm = backend.lease(model_id)
         lease = cm.__enter__()
         self._lease_cm, self._lease = cm, lease
-        self.gw.metrics.track_worker(lease.worker_id, lease.client)
+        metrics = self.gw.metrics
+        metrics.track_worker(lease.worker_id, lease.client)
+        self._model = metrics.model(model_id)
+        if len(self.subs) == 1:  # n>1 interleaves its choices' batches: no per-choice ITL
+            self._itl = self._model.itl
         return lease
 
     async def run_with_retry(
@@ -305,9 +317,14 @@ class RequestCall:
         return lease
 
     def on_batch(self) -> None:
-        """Called per engine batch: marks the first token's time."""
-        if self.first_batch is None:
-            self.first_batch = time.perf_counter()
+        """Called per engine batch: marks the first token's time, and observes the time since
+        the previous batch (``vllm:inter_token_latency_seconds``, one choice only)."""
+        now = time.perf_counter()
+        last, self._last_batch = self._last_batch, now
+        if last is None:
+            self.first_batch = now
+        elif self._itl is not None:
+            self._itl.observe(now - last)
 
     # -- endings -------------------------------------------------------------------------
 
@@ -348,15 +365,29 @@ class RequestCall:
                 if engine_exc is None:
                     log.exception("releasing the worker lease failed")
         end = time.perf_counter()
+        ttft_s = None if self.first_batch is None else self.first_batch - self.start
+        completion_tokens = sum(s.pipeline.completion_tokens for s in self.subs)
         gw.metrics.observe(
             self.endpoint,
             status,
             e2e_s=end - self.start,
-            ttft_s=None if self.first_batch is None else self.first_batch - self.start,
+            ttft_s=ttft_s,
             prompt_tokens=self.prompt_tokens,
-            completion_tokens=sum(s.pipeline.completion_tokens for s in self.subs),
+            completion_tokens=completion_tokens,
             error_code=error_code,
         )
+        model, self._model = self._model, None
+        if model is not None:
+            first, last = self.first_batch, self._last_batch
+            model.finish(
+                e2e_s=end - self.start,
+                ttft_s=ttft_s,
+                decode_s=None if first is None or last is None else last - first,
+                prompt_tokens=self.prompt_tokens,
+                finish_reasons=[s.pipeline.finish_reason for s in self.subs],
+                generation_tokens=completion_tokens,
+                unfinished="abort" if error_code in _ABORT_CODES else "error",
+            )
 
     def close_from_exit(self, exc: BaseException | None) -> None:
         """Close from a context exit: a cancellation is the client going away (499)."""

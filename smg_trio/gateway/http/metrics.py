@@ -1,15 +1,19 @@
 """Prometheus metrics of one app (its own ``CollectorRegistry``), served at ``GET /metrics``.
 
-Names follow smg's (``smg_router_*``, ``smg_worker_*``, ``smg_engine_*``); units are seconds
-and tokens. Per-request work is a handful of observations at the end of the request; nothing
-is recorded per token.
+Two families (docs/metrics.md lists every series): smg's own (``smg_router_*``,
+``smg_worker_*``, ``smg_engine_*``) and vLLM 0.32's engine-level ``vllm:*`` series, per served
+model (label ``model_name``), which fleet routers and the usual dashboards read. Units are
+seconds and tokens. Gauges are read from the live engine clients at scrape time; per request
+there are a handful of observations at its end, plus one cheap histogram bucket increment per
+engine batch (``vllm:inter_token_latency_seconds``); nothing is recorded per token.
 """
 
 from __future__ import annotations
 
+import bisect
 import weakref
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Final
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -19,15 +23,21 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from smg_trio.connector.client import EngineClient
 
 if TYPE_CHECKING:
+    from smg_trio.backend import GatewayBackend
     from smg_trio.gateway.http.admission import AdmissionGate
 
-__all__ = ["GatewayMetrics"]
+__all__ = ["VLLM_FINISH_REASONS", "GatewayMetrics", "ModelStats"]
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -74,6 +84,185 @@ class _WorkerCollector(Collector):
         yield from (active, health, running, waiting, kv)
 
 
+# vLLM 0.32's bucket boundaries (vllm/v1/metrics/buckets.py), so that recording rules and
+# dashboards written for vLLM read these histograms unchanged.
+_VLLM_TTFT_BUCKETS: Final = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+_VLLM_ITL_BUCKETS: Final = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+_VLLM_REQUEST_LATENCY_BUCKETS: Final = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+#: vLLM's ``FinishReason`` strings, the values of ``finished_reason``.
+VLLM_FINISH_REASONS: Final = ("stop", "length", "abort", "error", "repetition")
+
+
+class FastHistogram:
+    """A histogram for the trio thread only: one C ``bisect`` and two adds per observation
+    (``prometheus_client``'s ``Histogram`` takes a lock and walks its buckets in Python), so it
+    can be observed per engine batch. Rendered by :class:`_VllmCollector`."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """Count ``value`` in the first bucket whose upper bound is ``>= value``."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative ``(le, count)`` pairs, ``+Inf`` last."""
+        out: list[tuple[str, float]] = []
+        total = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += count
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
+        return out
+
+
+class ModelStats:
+    """One served model's ``vllm:*`` counters and histograms (see :class:`GatewayMetrics`)."""
+
+    __slots__ = (
+        "e2e",
+        "generation_tokens",
+        "itl",
+        "prompt_tokens",
+        "success",
+        "tpot",
+        "ttft",
+    )
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = dict.fromkeys(VLLM_FINISH_REASONS, 0)
+        self.ttft = FastHistogram(_VLLM_TTFT_BUCKETS)
+        self.itl = FastHistogram(_VLLM_ITL_BUCKETS)
+        self.tpot = FastHistogram(_VLLM_ITL_BUCKETS)
+        self.e2e = FastHistogram(_VLLM_REQUEST_LATENCY_BUCKETS)
+
+    def finish(
+        self,
+        *,
+        e2e_s: float,
+        ttft_s: float | None,
+        decode_s: float | None,
+        prompt_tokens: int,
+        finish_reasons: Sequence[str | None],
+        generation_tokens: int,
+        unfinished: str,
+    ) -> None:
+        """Record one request that reached an engine: ``finish_reasons`` per engine request
+        (``None`` for one that did not finish, counted as ``unfinished``), the prompt counted
+        once per engine request that produced output, as vLLM's engines count it."""
+        self.e2e.observe(e2e_s)
+        if ttft_s is not None:
+            self.ttft.observe(ttft_s)
+            self.prompt_tokens += prompt_tokens * len(finish_reasons)
+        self.generation_tokens += generation_tokens
+        if decode_s is not None and generation_tokens > 1 and len(finish_reasons) == 1:
+            self.tpot.observe(decode_s / (generation_tokens - 1))
+        success = self.success
+        for reason in finish_reasons:
+            key = unfinished if reason is None else reason
+            success[key if key in success else "stop"] += 1
+
+
+def _gauge(name: str, doc: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=["model_name"])
+
+
+def _histogram(name: str, doc: str) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, labels=["model_name"])
+
+
+class _VllmCollector(Collector):
+    """vLLM's engine-level series per served model: the gauges summed (the KV ratio
+    averaged) over the model's live engines at scrape time, and the request-path stats."""
+
+    def __init__(self, stats: dict[str, ModelStats]) -> None:
+        self._stats = stats
+        self.backend: GatewayBackend | None = None
+
+    def _loads(self) -> dict[str, tuple[int, int, list[float]]]:
+        """``model_id -> (running, waiting, per-rank KV usage)`` over the live engines; every
+        served model is present (zeros without a live engine)."""
+        out: dict[str, tuple[int, int, list[float]]] = {}
+        backend = self.backend
+        if backend is None:
+            return out
+        for served in backend.list_models():
+            out[served.model_id] = (0, 0, [])
+        for model_id, client in backend.engine_clients():
+            running, waiting, kv = out.get(model_id, (0, 0, []))
+            for load in client.load():
+                running += load.num_running
+                waiting += load.num_waiting
+                kv.append(load.kv_cache_usage)
+            out[model_id] = (running, waiting, kv)
+        return out
+
+    def collect(self) -> Iterator[Metric]:
+        running = _gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
+        )
+        waiting = _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        kv = _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        loads = self._loads()
+        for model_id, (n_running, n_waiting, usage) in sorted(loads.items()):
+            running.add_metric([model_id], n_running)
+            waiting.add_metric([model_id], n_waiting)
+            kv.add_metric([model_id], sum(usage) / len(usage) if usage else 0.0)
+        yield from (running, waiting, kv)
+
+        prompt = CounterMetricFamily(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", labels=["model_name"]
+        )
+        generation = CounterMetricFamily(
+            "vllm:generation_tokens", "Number of generation tokens processed.",
+            labels=["model_name"],
+        )  # fmt: skip
+        success = CounterMetricFamily(
+            "vllm:request_success", "Count of successfully processed requests.",
+            labels=["model_name", "finished_reason"],
+        )  # fmt: skip
+        hists = {
+            "ttft": _histogram(
+                "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds."
+            ),
+            "itl": _histogram(
+                "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."
+            ),
+            "tpot": _histogram(
+                "vllm:request_time_per_output_token_seconds",
+                "Histogram of time_per_output_token_seconds per request.",
+            ),
+            "e2e": _histogram(
+                "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."
+            ),
+        }
+        for model_id in sorted({*loads, *self._stats}):
+            st = self._stats.get(model_id) or ModelStats()
+            prompt.add_metric([model_id], st.prompt_tokens)
+            generation.add_metric([model_id], st.generation_tokens)
+            for reason, count in st.success.items():
+                success.add_metric([model_id, reason], count)
+            for key, family in hists.items():
+                hist: FastHistogram = getattr(st, key)
+                family.add_metric([model_id], hist.buckets(), hist.sum)
+        yield from (prompt, generation, success, *hists.values())
+
+
 class _AdmissionCollector(Collector):
     """The admission gate's queue and refusals, read at scrape time."""
 
@@ -109,7 +298,14 @@ class GatewayMetrics:
       ``smg_router_requests_rejected_total`` (429 at ``--max-concurrent-requests``);
     - per leased worker: ``smg_worker_requests_active``, ``smg_worker_health``,
       ``smg_engine_running_requests``, ``smg_engine_waiting_requests``,
-      ``smg_engine_kv_cache_usage``.
+      ``smg_engine_kv_cache_usage``;
+    - per served model (``model_name``), vLLM 0.32's names and buckets:
+      ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+      ``vllm:kv_cache_usage_perc`` (once :meth:`watch_backend` was called),
+      ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
+      ``vllm:request_success_total{finished_reason}``, ``vllm:time_to_first_token_seconds``,
+      ``vllm:inter_token_latency_seconds``, ``vllm:request_time_per_output_token_seconds``,
+      ``vllm:e2e_request_latency_seconds``.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -143,6 +339,20 @@ class GatewayMetrics:
         self._workers = _WorkerCollector()
         r.register(self._workers)
         self._admission: _AdmissionCollector | None = None
+        self._models: dict[str, ModelStats] = {}
+        self._vllm = _VllmCollector(self._models)
+        r.register(self._vllm)
+
+    def watch_backend(self, backend: GatewayBackend) -> None:
+        """Read the ``vllm:*`` gauges from ``backend``'s live engines at scrape time."""
+        self._vllm.backend = backend
+
+    def model(self, model_id: str) -> ModelStats:
+        """The ``vllm:*`` request stats of ``model_id`` (created on first use)."""
+        stats = self._models.get(model_id)
+        if stats is None:
+            stats = self._models[model_id] = ModelStats()
+        return stats
 
     def watch_admission(self, gate: AdmissionGate) -> None:
         """Export ``gate``'s queue depth, slots held and refusals (once per registry)."""
