@@ -7,7 +7,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -28,17 +28,6 @@ from tests.helpers.ipc import IpcNamespace, free_handshake_address
 
 DEADLINE_S = 10.0
 KEY = "admin-secret"
-
-
-@pytest.fixture(scope="session")
-def model_dir() -> Path:
-    return default_tiny_model_dir()
-
-
-@pytest.fixture
-def ns() -> Iterator[IpcNamespace]:
-    with IpcNamespace() as namespace:
-        yield namespace
 
 
 @asynccontextmanager

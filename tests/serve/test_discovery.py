@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,6 @@ from tests.helpers.ipc import IpcNamespace, free_handshake_address
 
 DEADLINE_S = 60.0
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-
-
-@pytest.fixture
-def ns() -> Iterator[IpcNamespace]:
-    with IpcNamespace() as namespace:
-        yield namespace
 
 
 def test_parse_discovery_shapes() -> None:

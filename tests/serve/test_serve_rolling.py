@@ -5,7 +5,7 @@ sends a bounded stream of chat requests to mock engines over real ZMQ and HTTP."
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -27,12 +27,6 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 #: The load: this many requests, one every PACE_S seconds (20 req/s).
 REQUESTS = 100
 PACE_S = 0.05
-
-
-@pytest.fixture
-def ns() -> Iterator[IpcNamespace]:
-    with IpcNamespace() as namespace:
-        yield namespace
 
 
 @asynccontextmanager

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -30,17 +30,6 @@ from tests.helpers.hostile import open_raw_peer
 from tests.helpers.ipc import IpcNamespace, free_handshake_address
 
 DEADLINE_S = 30.0  # generous: CI machines are shared; a pass takes ~1 s
-
-
-@pytest.fixture(scope="session")
-def model_dir() -> Path:
-    return default_tiny_model_dir()
-
-
-@pytest.fixture
-def ns() -> Iterator[IpcNamespace]:
-    with IpcNamespace() as namespace:
-        yield namespace
 
 
 def make_spec(

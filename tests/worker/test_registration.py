@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ import pytest
 import trio
 
 from smg_trio.mock.engine import MockEngineConfig
-from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.protocol.handshake import encode_status
 from smg_trio.worker import manager as manager_module
 from smg_trio.worker.jobs import RegistrationJob
@@ -30,18 +28,6 @@ from tests.worker.test_manager import (
     start_engine,
     wait_until,
 )
-
-
-@pytest.fixture(scope="session")
-def model_dir() -> Path:
-    return default_tiny_model_dir()
-
-
-@pytest.fixture
-def ns() -> Iterator[IpcNamespace]:
-    with IpcNamespace() as namespace:
-        yield namespace
-
 
 FAST = RetryPolicy(max_attempts=3, initial_s=0.01, max_s=0.01)
 

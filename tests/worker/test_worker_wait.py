@@ -5,7 +5,7 @@ ready worker are listed, and ``lease(exclude=...)`` skips the workers it names."
 from __future__ import annotations
 
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -21,12 +21,6 @@ from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
 from tests.helpers.ipc import IpcNamespace, free_handshake_address
 
 DEADLINE_S = 30.0
-
-
-@pytest.fixture
-def ns() -> Iterator[IpcNamespace]:
-    with IpcNamespace() as namespace:
-        yield namespace
 
 
 def spec_for(ns: IpcNamespace, name: str, model_id: str = "m") -> WorkerSpec:
