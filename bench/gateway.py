@@ -45,8 +45,10 @@ from typing import Any
 import trio
 
 BENCH_DIR = Path(__file__).resolve().parent
-if str(BENCH_DIR) not in sys.path:
-    sys.path.insert(0, str(BENCH_DIR))
+# bench/ for its siblings, the repository root for the repo-only peers/ tooling
+for _path in (BENCH_DIR, BENCH_DIR.parent):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from loadgen import HttpConnection, HttpError, LoadResult, build_request, chat_body, run_load  # noqa: E402
 
