@@ -60,6 +60,17 @@ def _down_after_disconnect(client: EngineClient, inp: zmq.Socket[bytes]) -> Call
     return down
 
 
+def _up_after_reconnect(client: EngineClient, inp: zmq.Socket[bytes]) -> Callable[[], bool]:
+    """A ``wait_until`` predicate: rank 0 is back. As for the disconnect, the idle engine
+    socket processes its commands (the new connection's pipe) only when something touches it."""
+
+    def up() -> bool:
+        inp.get(zmq.EVENTS)
+        return not client._router.down[0]
+
+    return up
+
+
 async def _drain(stream: RequestStream) -> list[EngineOutput]:
     return [o async for o in stream]
 
@@ -137,7 +148,7 @@ async def test_a_reconnect_within_the_grace_fails_nothing(addresses: WorkerAddre
                     async with client.generate(request("during-blip")):
                         pytest.fail("a disconnected rank took a request")
                 inp.connect(address)
-                await wait_until(lambda: not client._router.down[0])
+                await wait_until(_up_after_reconnect(client, inp))
                 # The request it was serving all along finishes normally.
                 await engine.push_vllm(vllm_output("blip", [6]), vllm_output("blip", [7], 1))
                 outputs = await _drain(stream)
