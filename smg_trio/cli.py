@@ -614,6 +614,16 @@ async def _run_gateway(config: Any) -> None:
             watcher.cancel_scope.cancel()  # serve has stopped
 
 
+def _is_prefix_of_a_flag(parser: argparse.ArgumentParser, arg: str) -> bool:
+    """Whether ``arg`` abbreviates one of the subcommands' own flags (a typo for it, not an
+    engine argument: abbreviations are refused)."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        for sub in getattr(action, "choices", {}).values():
+            if any(opt.startswith(arg) for opt in sub._option_string_actions):
+                return True
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -633,7 +643,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         hint = ""
-        if args.command == "serve":
+        if args.command == "serve" and not any(
+            u.startswith("--") and _is_prefix_of_a_flag(parser, u.split("=", 1)[0])
+            for u in unknown
+        ):
             hint = f" (engine arguments go after '--': serve ... -- {' '.join(unknown)})"
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if args.command == "version":

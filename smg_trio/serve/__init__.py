@@ -358,8 +358,9 @@ async def serve(
             log.info("smg_trio ready: %d worker(s)", len(workers))
         else:
             log.info(
-                "smg_trio ready with no workers: add them with POST /workers (or start with "
-                "--discovery-file); /readiness is 503 until one is ready"
+                "smg_trio ready with no workers: add them with POST /workers (with an admin key, "
+                "or --allow-insecure-admin) or start with --discovery-file; /readiness is 503 "
+                "until one is ready"
             )
 
 

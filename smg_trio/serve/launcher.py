@@ -126,7 +126,12 @@ async def run_engine_process(
                 )
             finally:
                 os.close(lifeline_r)
-            log.info("launched %s (pid %d): %s", name, proc.pid, " ".join(launch.argv))
+            log.info(
+                "launched %s (guard pid %d, its child is the engine): %s",
+                name,
+                proc.pid,
+                " ".join(launch.argv),
+            )
             task_status.started(proc)
             assert proc.stdout is not None
             forwarded = trio.Event()

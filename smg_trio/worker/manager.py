@@ -401,7 +401,14 @@ class WorkerManager:
             raise ValidationError(
                 str(exc), param="url" if "URL" in str(exc) else "zmq_handshake_address"
             ) from exc
-        _model_id_for(spec)
+        model_id = _model_id_for(spec)
+        if spec.model_path is None and self.get_model(model_id) is None:
+            raise ValidationError(
+                f"model_path is required: the gateway tokenizes, so it loads the tokenizer from "
+                f"the model directory (model_id alone joins a model already served, and "
+                f"{model_id!r} is not)",
+                param="model_path",
+            )
         return runtime, addrs  # type: ignore[return-value]
 
     async def check_spec(self, spec: WorkerSpec) -> None:
@@ -466,6 +473,15 @@ class WorkerManager:
 
         async def load_tokenizer(ctx: WorkflowContext) -> None:
             worker = ctx.get(_WORKER)
+            if worker.spec.model_path is None:  # joins a served model: its tokenizer is loaded
+                served = self.get_model(worker.model_id)
+                if served is None:
+                    raise ValidationError(
+                        f"model {worker.model_id!r} is no longer served; give model_path",
+                        param="model_path",
+                    )
+                self.models.setdefault(worker.model_id, served)
+                return
             # Abandoned on timeout: a wedged filesystem read cannot hold the registration.
             tok, (eos, extra), max_len = await trio.to_thread.run_sync(
                 _load_model,
@@ -616,8 +632,10 @@ class WorkerManager:
             else:
                 where = f"step {result.failed_step}: " if result.failed_step else ""
                 status, error = "failed", f"{where}{result.error}"
-        if status != "succeeded":
-            log.error("registration of %r %s: %s", worker.spec.url, status, escape(error or ""))
+        if status == "failed":
+            log.error("registration of %r failed: %s", worker.spec.url, escape(error or ""))
+        elif status == "cancelled":  # a removal (DELETE, discovery, shutdown) asked for it
+            log.info("registration of %r cancelled: %s", worker.spec.url, escape(error or ""))
         job.finish(status, error)
         self.jobs.finished(job)
 

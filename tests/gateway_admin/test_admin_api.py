@@ -142,6 +142,34 @@ async def test_add_poll_list_get_delete(ns: IpcNamespace, model_dir: Path) -> No
             assert_envelope(await http.get("/workers/jobs/nope"), 404)
 
 
+async def test_model_id_alone_joins_a_served_model_or_is_a_400(
+    ns: IpcNamespace, model_dir: Path
+) -> None:
+    """A spec without model_path cannot load a tokenizer: a 400 naming model_path at once for
+    a model not served (it was a 202 and a job that always failed), and for a served model the
+    new worker shares that model's tokenizer and becomes ready."""
+    with trio.fail_after(DEADLINE_S):
+        async with admin_server() as (http, manager, nursery):
+            alone = {k: v for k, v in body(ns, "b", model_dir).items() if k != "model_path"}
+            err = assert_envelope(await http.post("/workers", json=alone), 400, "model_path")
+            assert err["param"] == "model_path"
+            assert "None" not in err["message"]
+            assert len(manager.registry) == 0
+
+            first = body(ns, "a", model_dir)
+            doc = (await http.post("/workers", json=first)).json()
+            nursery.start_soon(MockEngine(first["zmq_handshake_address"], MockEngineConfig()).run)
+            await manager.jobs[doc["job_id"]].done.wait()
+            resp = await http.post("/workers", json=alone)
+            assert resp.status_code == 202, resp.text
+            nursery.start_soon(MockEngine(alone["zmq_handshake_address"], MockEngineConfig()).run)
+            job = manager.jobs[resp.json()["job_id"]]
+            await job.done.wait()
+            assert job.status == "succeeded", job.error
+            assert {w.status for w in manager.workers} == {"ready"}
+            assert len(manager.workers) == 2
+
+
 async def test_validation_errors(ns: IpcNamespace, model_dir: Path) -> None:
     with trio.fail_after(DEADLINE_S):
         async with admin_server() as (http, manager, _):
