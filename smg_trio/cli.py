@@ -644,8 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         hint = ""
         if args.command == "serve" and not any(
-            u.startswith("--") and _is_prefix_of_a_flag(parser, u.split("=", 1)[0])
-            for u in unknown
+            u.startswith("--") and _is_prefix_of_a_flag(parser, u.split("=", 1)[0]) for u in unknown
         ):
             hint = f" (engine arguments go after '--': serve ... -- {' '.join(unknown)})"
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
