@@ -244,7 +244,7 @@ async def handle_chat(call: RequestCall) -> Response:
                 continue_final_message=bool(body.continue_final_message),
                 chat_template_kwargs=body.chat_template_kwargs,
             )
-            check_prompt_fits(plan, served, len(prompt), "messages")
+            check_prompt_fits(plan, served, prompt, "messages")
             return prompt, tok.encode(prompt)
 
         prompt, prompt_ids = await call.tokenize(prepare)

@@ -64,12 +64,12 @@ def _check_ids(ids: Sequence[Any], vocab: int, param: str) -> list[int]:
     return list(ids)
 
 
-#: ``fits(size, param, is_ids)``: raises when a prompt of ``size`` characters (or token ids)
-#: cannot fit the context, before it is encoded (or its ids checked).
-FitCheck = Callable[[int, str, bool], None]
+#: ``fits(prompt, param)``: raises when a text or token-id prompt cannot fit the context,
+#: before it is encoded whole (or its ids checked).
+FitCheck = Callable[[str | Sequence[Any], str], None]
 
 
-def _no_check(size: int, param: str, is_ids: bool) -> None:
+def _no_check(prompt: str | Sequence[Any], param: str) -> None:
     pass
 
 
@@ -96,7 +96,7 @@ def parse_prompts(
     if isinstance(raw, str):
         items: list[Any] = [raw]
     elif isinstance(raw, list) and raw and _is_int(raw[0]):
-        fits(len(raw), "prompt", True)
+        fits(raw, "prompt")
         if all(_is_int(t) for t in raw):
             return [_check_ids(raw, vocab, "prompt")]
         items = raw
@@ -114,13 +114,13 @@ def parse_prompts(
         if isinstance(item, str):
             if not item:
                 raise _bad_prompt("a prompt must not be empty", param)
-            fits(len(item), "prompt" if raw is item else param, False)
+            fits(item, "prompt" if raw is item else param)
             ids = tok.encode(item, add_special_tokens=True)
             if not ids:
                 raise _bad_prompt("the prompt encodes to no tokens", param)
             out.append(ids)
         elif isinstance(item, list):
-            fits(len(item), param, True)
+            fits(item, param)
             out.append(_check_ids(item, vocab, param))
         else:
             raise _bad_prompt(
@@ -306,8 +306,11 @@ async def handle_completions(call: RequestCall) -> Response:
         )
         tok = served.tokenizer
 
-        def fits(size: int, param: str, is_ids: bool) -> None:
-            (check_token_ids_fit if is_ids else check_prompt_fits)(plan, served, size, param)
+        def fits(prompt: str | Sequence[Any], param: str) -> None:
+            if isinstance(prompt, str):
+                check_prompt_fits(plan, served, prompt, param)
+            else:
+                check_token_ids_fit(plan, served, len(prompt), param)
 
         prompts = await call.tokenize(
             lambda: parse_prompts(body.prompt, tok, gw.config.max_prompts, fits)
