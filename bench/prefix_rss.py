@@ -55,10 +55,7 @@ def _child(model_dir: str, case: str, mode: str, ctx: int) -> None:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     longest = tok.max_token_chars
     t0 = time.perf_counter()
-    if mode == "before":
-        lower = min_tokens(len(text), longest)
-    else:
-        lower = tok.min_tokens(text, ctx)
+    lower = min_tokens(len(text), longest) if mode == "before" else tok.min_tokens(text, ctx)
     verdict = "refused early"
     if lower < ctx:
         n = len(tok.encode(text, add_special_tokens=True))

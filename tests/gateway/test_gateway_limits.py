@@ -201,7 +201,8 @@ async def test_prompt_whose_prefix_overflows_is_refused_without_a_full_encode(
             assert "the prompt has at least" in err["message"]
             assert h.engine.requests == []
     assert spy.whole == []
-    assert spy.prefixes and max(spy.prefixes) <= prefix_chars(ctx) < len(text)
+    assert spy.prefixes
+    assert max(spy.prefixes) <= prefix_chars(ctx) < len(text)
 
 
 async def test_sparse_prompt_past_the_prefix_that_fits_is_served(

@@ -92,4 +92,5 @@ def test_only_prefixes_are_encoded_and_a_dense_text_stops_at_the_first(
     seen.clear()
     sparse = " assistant" * 450  # one 10-character token each: 4500 characters
     assert tok.min_tokens(sparse, limit) < limit
-    assert seen and max(seen) <= prefix_chars(limit) < len(sparse)
+    assert seen
+    assert max(seen) <= prefix_chars(limit) < len(sparse)
