@@ -116,7 +116,12 @@ def prefix_min_tokens(
         if normalizes:
             cut = _clean_cut(text, chars)
         if cut is not None:
-            lower = max(lower, _bound_from_prefix(encode, text, cut, longest, margin))
+            found = _bound_from_prefix(encode, text, cut, longest, margin)
+            if not found:
+                # No word of the prefix is sure (one pre-token spans it, e.g. a run of
+                # millions of dashes): a longer prefix would most likely only cost more.
+                break
+            lower = max(lower, found)
         chars *= 2
     return lower
 
