@@ -18,24 +18,32 @@ if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install -q -e '.[test,fuzz]'
 
 work="$(mktemp -d)"  # 0700: the servers' socket dirs and logs
+admin_sock="$(mktemp -d)"  # 0700: the socket dir of the server whose admin API is fuzzed keyed
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
+  rm -rf "$work" "$admin_sock"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# start_server NAME [serve flags...]: serve the mock on 127.0.0.1:<free port>; sets $base.
-# The mock engine runs flat out with a 512-token context, so every generation is short.
+# start_server NAME [serve flags...]: serve the mock on 127.0.0.1:<free port>; sets $base and
+# $server_pid. The mock engine runs flat out with a 512-token context, so every generation is
+# short. $SOCKET_DIR overrides the socket dir; $TRACE names an strace log to run it under.
 start_server() {
   local name=$1
   shift
-  .venv/bin/python -m smg_trio serve --backend mock --host 127.0.0.1 --port 0 \
-    --socket-dir "$work/$name-sock" "$@" -- --step-ms 0 --max-model-len 512 \
+  local -a trace=()
+  if [ -n "${TRACE:-}" ]; then
+    trace=(strace -f -qq -y -s 4096 -e signal=none --seccomp-bpf -o "$TRACE"
+      -e trace=bind,mkdir,mkdirat,rmdir,unlink,unlinkat,rename,renameat,renameat2,link,linkat,symlink,symlinkat,creat,open,openat,mknod,mknodat)
+  fi
+  "${trace[@]}" .venv/bin/python -m smg_trio serve --backend mock --host 127.0.0.1 --port 0 \
+    --socket-dir "${SOCKET_DIR:-$work/$name-sock}" "$@" -- --step-ms 0 --max-model-len 512 \
     >"$work/$name.log" 2>&1 &
   pids+=($!)
+  server_pid=$!
   local pid=$! deadline=$(($(date +%s) + 60))
   base=""
   while [ -z "$base" ]; do
@@ -71,22 +79,53 @@ run_schemathesis() {
   fi
 }
 
-# Pass 1: no --api-key. The admin API is behind --admin-api-key: its mutating routes are
-# fuzzed without the key (they must answer 401 envelopes), because an accepted worker spec
-# makes the gateway create directories and bind sockets wherever it names (issue 18, item 2).
+# Pass 1: no --api-key. The admin API is behind --admin-api-key: here its mutating routes are
+# fuzzed without the key (they must answer 401 envelopes), its reads with it.
 start_server open --admin-api-key "$ADMIN_KEY"
 run_schemathesis open
 # (One name filter: schemathesis ORs separate --include-* filters.)
 run_schemathesis admin-reads -H "Authorization: Bearer $ADMIN_KEY" \
   --include-name-regex '^GET /(workers|get_loads)'
 
-# Pass 2: --api-key (from the environment), which also guards the admin API.
+# Pass 2: the admin mutations (POST and DELETE /workers) WITH the admin key, on a server of
+# their own whose socket dir is a private mktemp dir. Worker specs are confined
+# (smg_trio/worker/confine.py, issue 18 item 2): whatever a spec names, the gateway creates,
+# unlinks and binds only under that dir, and binds tcp only on loopback. The server runs under
+# strace where it can (SMG_TRIO_FUZZ_STRACE=0: not); .ci/fuzz_confine.py then checks the trace
+# for any name created, removed or bound elsewhere, that nothing listens beyond loopback, and
+# that once the workers the fuzzer added are removed, what listens is what listened before.
+# Without strace, a listing of /tmp before and after stands in for the trace.
+trace_log=""
+if [ "${SMG_TRIO_FUZZ_STRACE:-1}" != 0 ] && strace -f -qq -o /dev/null true 2>/dev/null; then
+  trace_log="$work/admin.strace"
+fi
+tmp_before="$work/tmp-before"
+ls -A /tmp | sort >"$tmp_before"
+SOCKET_DIR="$admin_sock" TRACE="$trace_log" start_server admin --admin-api-key "$ADMIN_KEY"
+admin_pid=$server_pid
+.venv/bin/python .ci/fuzz_confine.py snapshot "$admin_pid" "$work/admin.snap" "$base" "$ADMIN_KEY"
+run_schemathesis admin-mutations -H "Authorization: Bearer $ADMIN_KEY" \
+  --include-name-regex '^(POST|DELETE) /workers'
+if ! .venv/bin/python .ci/fuzz_confine.py check "$admin_pid" "$work/admin.snap" "$base" \
+  "$ADMIN_KEY" "$admin_sock" ${trace_log:+"$trace_log"}; then
+  failed+=("admin confinement")
+fi
+if [ -z "$trace_log" ]; then
+  new=$(ls -A /tmp | sort | comm -13 "$tmp_before" - | grep -vxF -e "$(basename "$work")" \
+    -e "$(basename "$admin_sock")" || true)
+  if [ -n "$new" ]; then
+    echo "fuzz: new in /tmp during the admin pass:" "$new"
+    failed+=("admin confinement (/tmp)")
+  fi
+fi
+
+# Pass 3: --api-key (from the environment), which also guards the admin API.
 SMG_TRIO_API_KEY="$KEY" start_server keyed
 if ! PYTHONPATH=.ci timeout -k 5 60 .venv/bin/python .ci/fuzz_auth.py "$base" "$KEY"; then
   failed+=("keyed pass")
 fi
 
-for name in open keyed; do
+for name in open admin keyed; do
   if grep -q "Traceback" "$work/$name.log"; then
     echo "fuzz: the $name server logged tracebacks (first 40 lines):"
     grep -m1 -A40 "Traceback" "$work/$name.log"

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from smg_trio.errors import ValidationError
-from smg_trio.tokenizer.bound import max_token_chars
+from smg_trio.tokenizer.bound import max_token_chars, min_tokens
 from smg_trio.tokenizer.chat_template import ChatTemplate
 from smg_trio.tokenizer.modeldir import ModelDir
+from smg_trio.tokenizer.prefix import prefix_bound_ok, prefix_min_tokens
 
 __all__ = ["SPECIAL_TOKEN_KEYS", "Tokenizer", "load_json", "load_model_json"]
 
@@ -171,6 +172,10 @@ class Tokenizer:
         #: :mod:`smg_trio.tokenizer.bound`): a text of ``c`` characters has at least
         #: ``ceil(c / max_token_chars)`` tokens.
         self.max_token_chars: int | None = max_token_chars(hf)
+        # encode_batch (not _fast): the prefix bound needs word ids and offsets.
+        self._encode_words: Any = hf.encode_batch
+        deterministic, self._normalizes, self._margin = prefix_bound_ok(hf)
+        self._prefix_bound = deterministic and self.max_token_chars is not None
 
     @classmethod
     def from_dir(
@@ -228,6 +233,27 @@ class Tokenizer:
         if add_special_tokens and (self._bos_prefix or self._eos_suffix):
             ids = [*self._bos_prefix, *ids, *self._eos_suffix]
         return ids
+
+    def min_tokens(self, text: str, limit: int) -> int:
+        """At least how many tokens ``text`` encodes to (without special tokens), for a
+        context of ``limit`` tokens, without encoding it whole: from its length and the
+        longest token, and for a text longer than ``limit`` times
+        :data:`~smg_trio.tokenizer.prefix.PREFIX_CHARS_PER_TOKEN` characters from encoding
+        that long a prefix (:mod:`smg_trio.tokenizer.prefix`). 0 when the pipeline allows no
+        safe bound."""
+        longest = self.max_token_chars
+        if longest is None:
+            return 0
+        if not self._prefix_bound:
+            return min_tokens(len(text), longest)
+        return prefix_min_tokens(
+            self._encode_words,
+            text,
+            limit,
+            longest,
+            normalizes=self._normalizes,
+            margin=self._margin,
+        )
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD. Ids outside the vocabulary are

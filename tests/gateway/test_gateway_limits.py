@@ -19,6 +19,8 @@ from smg_trio.gateway.config import REQUEST_TOKENS_CONTEXTS, GatewayHttpConfig
 from smg_trio.gateway.http import app as gateway_app
 from smg_trio.gateway.http.call import TOKENIZE_OFFLOAD_BYTES
 from smg_trio.tokenizer import Tokenizer
+from smg_trio.tokenizer.bound import min_tokens
+from smg_trio.tokenizer.prefix import prefix_chars
 from tests.gateway.test_gateway_direct import WriteSpy
 from tests.helpers.gateway import DEADLINE_S, HarnessFactory
 from tests.helpers.raw_sse import RawSSE
@@ -153,6 +155,74 @@ async def test_token_id_prompt_longer_than_the_context_is_refused_directly(
             assert resp.status_code == 400, resp.text
             assert _err(resp)["code"] == "context_length_exceeded"
             assert _err(resp)["param"] == "prompt"
+
+
+class LengthSpy:
+    """Records the length of every text ``tok`` encodes whole and every prefix it encodes
+    for the prefix bound (:meth:`Tokenizer.min_tokens`)."""
+
+    def __init__(self, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.whole: list[int] = []
+        self.prefixes: list[int] = []
+        real_whole, real_prefix = tok._encode_batch, tok._encode_words
+
+        def whole(texts: Any, **kw: Any) -> Any:
+            self.whole.append(len(texts[0]))
+            return real_whole(texts, **kw)
+
+        def prefix(texts: Any, **kw: Any) -> Any:
+            self.prefixes.append(len(texts[0]))
+            return real_prefix(texts, **kw)
+
+        monkeypatch.setattr(tok, "_encode_batch", whole)
+        monkeypatch.setattr(tok, "_encode_words", prefix)
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_prompt_whose_prefix_overflows_is_refused_without_a_full_encode(
+    harness: HarnessFactory, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Fewer characters than ``max_token_chars * max_model_len`` (the character bound lets it
+    by) but a prefix of it already has more tokens than the context: refused with the same
+    400, and the prompt is never encoded whole (memory: issue 18, item 4)."""
+    spy = LengthSpy(tok, monkeypatch)
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            ctx = h.served.max_model_len
+            text = ("lighthouse keeper " * ctx)[: 10 * ctx]
+            assert min_tokens(len(text), tok.max_token_chars) < ctx
+            if path == CHAT:
+                resp = await h.chat(messages=[{"role": "user", "content": text}])
+            else:
+                resp = await h.complete(prompt=text)
+            assert resp.status_code == 400, resp.text
+            err = _err(resp)
+            assert err["code"] == "context_length_exceeded"
+            assert err["param"] == ("messages" if path == CHAT else "prompt")
+            assert "the prompt has at least" in err["message"]
+            assert h.engine.requests == []
+    assert spy.whole == []
+    assert spy.prefixes
+    assert max(spy.prefixes) <= prefix_chars(ctx) < len(text)
+
+
+async def test_sparse_prompt_past_the_prefix_that_fits_is_served(
+    harness: HarnessFactory, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt longer than the judged prefix whose tokens are long enough to fit: the
+    prefix proves nothing, so it is encoded whole and served (nothing that fits is refused)."""
+    spy = LengthSpy(tok, monkeypatch)
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            ctx = h.served.max_model_len
+            count = ctx - 200
+            text = " assistant" * count  # one 10-character token each
+            assert len(text) > prefix_chars(ctx)
+            resp = await h.complete(prompt=text, max_tokens=2)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["usage"]["prompt_tokens"] >= count
+    assert spy.prefixes
+    assert spy.whole == [len(text)]
 
 
 def test_max_token_chars_bounds_every_token(tok: Tokenizer) -> None:

@@ -291,6 +291,35 @@ async def test_hostile_peer_racing_a_restart_does_not_keep_the_worker_down(
             assert await one_request(manager, "m", "after-2") == worker.worker_id
 
 
+async def test_garbage_on_the_handshake_port_in_steady_state_is_harmless(
+    ns: IpcNamespace, model_dir: Path
+) -> None:
+    """Issue 18 (held up): while the worker serves, local strangers (the engine's identity and
+    others) send garbage, HELLOs and READYs to its handshake port. The worker stays ready and
+    serves; and a real restart afterwards is still taken back (the garbage queued on the
+    persistent handshake socket does not block it)."""
+    with trio.fail_after(DEADLINE_S):
+        async with open_manager() as (manager, nursery):
+            spec = make_spec(ns, "a", model_dir)
+            assert spec.zmq_handshake_address is not None
+            worker, engine = await serve_worker(manager, nursery, spec)
+            junk = [b"\xc1", b"", b"\x00" * 70000, encode_status("HELLO"), encode_status("READY")]
+            for identity in (b"\x00\x00", b"\x01\x00", b"stranger"):
+                async with open_raw_peer(spec.zmq_handshake_address, identity) as stranger:
+                    for frame in junk:
+                        await stranger.send(frame)
+                    await stranger.send(encode_status("HELLO"), b"extra")
+                    assert await one_request(manager, "m", f"during-{identity!r}") == (
+                        worker.worker_id
+                    )
+            assert worker.status == "ready"
+            await engine.die_with_sentinel()
+            await wait_until(lambda: worker.status == "unhealthy")
+            await start_engine(nursery, spec)
+            await wait_until(lambda: worker.healthy)
+            assert await one_request(manager, "m", "after-restart") == worker.worker_id
+
+
 # -- add/remove races ----------------------------------------------------------------------
 
 

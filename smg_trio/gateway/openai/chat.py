@@ -170,7 +170,7 @@ class ChatDraft:
             continue_final_message=bool(body.continue_final_message),
             chat_template_kwargs=body.chat_template_kwargs,
         )
-        check_prompt_fits(self.plan, self.served, len(prompt), "messages")
+        check_prompt_fits(self.plan, self.served, prompt, "messages")
         return prompt, tok.encode(prompt)
 
     def build(self, tokens: tuple[str, list[int]], ids: ResponseIds) -> ChatJob:

@@ -8,6 +8,7 @@ A list of prompts is a batch: choice ``index = prompt_index * n + i``, sub-reque
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 from msgspec import UNSET
@@ -156,8 +157,11 @@ class CompletionDraft:
         """Each prompt's token ids (see :func:`~smg_trio.gateway.openai.prompts.parse_prompts`)."""
         plan, served = self.plan, self.served
 
-        def fits(size: int, param: str, is_ids: bool) -> None:
-            (check_token_ids_fit if is_ids else check_prompt_fits)(plan, served, size, param)
+        def fits(prompt: str | Sequence[Any], param: str) -> None:
+            if isinstance(prompt, str):
+                check_prompt_fits(plan, served, prompt, param)
+            else:
+                check_token_ids_fit(plan, served, len(prompt), param)
 
         return parse_prompts(self.body.prompt, served.tokenizer, self.config.max_prompts, fits)
 

@@ -29,12 +29,12 @@ def _check_ids(ids: Sequence[Any], vocab: int, param: str) -> list[int]:
     return list(ids)
 
 
-#: ``fits(size, param, is_ids)``: raises when a prompt of ``size`` characters (or token ids)
-#: cannot fit the context, before it is encoded (or its ids checked).
-FitCheck = Callable[[int, str, bool], None]
+#: ``fits(prompt, param)``: raises when a text or token-id prompt cannot fit the context,
+#: before it is encoded whole (or its ids checked).
+FitCheck = Callable[[str | Sequence[Any], str], None]
 
 
-def _no_check(size: int, param: str, is_ids: bool) -> None:
+def _no_check(prompt: str | Sequence[Any], param: str) -> None:
     pass
 
 
@@ -61,7 +61,7 @@ def parse_prompts(
     if isinstance(raw, str):
         items: list[Any] = [raw]
     elif isinstance(raw, list) and raw and _is_int(raw[0]):
-        fits(len(raw), "prompt", True)
+        fits(raw, "prompt")
         if all(_is_int(t) for t in raw):
             return [_check_ids(raw, vocab, "prompt")]
         items = raw
@@ -79,13 +79,13 @@ def parse_prompts(
         if isinstance(item, str):
             if not item:
                 raise _bad_prompt("a prompt must not be empty", param)
-            fits(len(item), "prompt" if raw is item else param, False)
+            fits(item, "prompt" if raw is item else param)
             ids = tok.encode(item, add_special_tokens=True)
             if not ids:
                 raise _bad_prompt("the prompt encodes to no tokens", param)
             out.append(ids)
         elif isinstance(item, list):
-            fits(len(item), param, True)
+            fits(item, param)
             out.append(_check_ids(item, vocab, param))
         else:
             raise _bad_prompt(

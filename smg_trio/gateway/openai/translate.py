@@ -26,7 +26,6 @@ from smg_trio.protocol.types import (
     StructuredOutputs,
 )
 from smg_trio.tokenizer import REASONING_PARSERS, single_token_stop_ids
-from smg_trio.tokenizer.bound import min_tokens
 
 __all__ = [
     "LogprobRequest",
@@ -358,12 +357,14 @@ def resolve_max_tokens(
     return mt, mt
 
 
-def check_prompt_fits(plan: Plan, served: ServedModel, chars: int, prompt_param: str) -> None:
-    """Refuse, before encoding, a ``chars``-character prompt that cannot fit the context:
-    it has at least ``ceil(chars / L)`` tokens, ``L`` the tokenizer's longest token
-    (:mod:`smg_trio.tokenizer.bound`). Same 400 ``context_length_exceeded`` as
-    :func:`resolve_max_tokens`; nothing is refused that could fit."""
-    lower = min_tokens(chars, served.tokenizer.max_token_chars)
+def check_prompt_fits(plan: Plan, served: ServedModel, prompt: str, prompt_param: str) -> None:
+    """Refuse, before encoding it whole, a prompt that cannot fit the context: it has at
+    least ``ceil(chars / L)`` tokens, ``L`` the tokenizer's longest token, and a long one at
+    least what a bounded prefix of it encodes to (:meth:`Tokenizer.min_tokens`, which caps the
+    memory an encode of a prompt that cannot fit may take). Same 400
+    ``context_length_exceeded`` as :func:`resolve_max_tokens`; nothing is refused that could
+    fit."""
+    lower = served.tokenizer.min_tokens(prompt, served.max_model_len)
     _check_fits(plan, served, lower, prompt_param, "at least ")
 
 
