@@ -138,6 +138,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="require this bearer key on /workers and /get_loads (default: the --api-key)",
     )
     g.add_argument(
+        "--enable-http2",
+        action="store_true",
+        help="also serve cleartext HTTP/2 (prior knowledge, Upgrade: h2c); off by default: "
+        "a client that never opens its HTTP/2 flow-control window is not dropped by "
+        "--write-timeout-secs (docs/security.md)",
+    )
+    g.add_argument(
         "--allow-insecure-admin",
         action="store_true",
         help="without --admin-api-key/--api-key, let anyone who can reach the port add and "
@@ -506,6 +513,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "discovery_file": args.discovery_file,
         "shutdown_grace_period_s": args.shutdown_grace_period_secs,
         "allow_insecure_admin": args.allow_insecure_admin,
+        "enable_http2": args.enable_http2,
         "allowed_socket_dirs": tuple(args.allowed_socket_dirs or ()),
         "allowed_engine_hosts": tuple(args.allowed_engine_hosts or ()),
         "allowed_model_dirs": (

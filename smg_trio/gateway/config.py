@@ -57,29 +57,33 @@ def _positive(_: object, attr: attrs.Attribute[int], value: int) -> None:
 class GatewayHttpConfig:
     """Settings of :func:`~smg_trio.gateway.http.app.create_app`. All limits are inclusive.
 
-    - ``max_n``: the largest ``n`` accepted (default :data:`DEFAULT_MAX_N`). Larger ``n`` is
-      a 400 naming ``n``.
-    - ``max_top_logprobs``: cap on chat ``top_logprobs`` and completions ``logprobs``
-      (default 20, OpenAI's chat limit); the engine's own cap applies on top of it.
-    - ``max_prompts``: most prompts in one batched ``/v1/completions`` request.
-    - ``max_body_bytes``: largest request body (413 above it).
-    - ``api_key``: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>`` (401).
-    - ``request_id_headers``: lower-case header names tried in order for the request id,
-      which is echoed in ``x-request-id``; when none is present one is generated.
-    - ``reasoning_parser``: parser name used for models whose ``ServedModel`` names none
-      (``None``: no reasoning split).
-    - ``body_timeout_s``: seconds to receive a request body (408 past it).
-    - ``max_sequences_per_request``: most sequences (prompts x ``n``) in one request (400
-      naming ``n``).
-    - ``max_tokens_per_request``: most completion tokens one request may ask for, summed over
-      its sequences (``max_tokens``, or the context left when unset); ``None``:
-      :data:`REQUEST_TOKENS_CONTEXTS` times the model's context length. 400 naming
-      ``max_tokens`` above it.
-    - ``max_concurrent_requests``: inference requests served at once; past it a request waits
-      up to ``queue_timeout_s`` seconds for a slot, among at most ``queue_size`` waiting, then
-      gets 429 with ``Retry-After``.
+      - ``max_n``: the largest ``n`` accepted (default :data:`DEFAULT_MAX_N`). Larger ``n`` is
+        a 400 naming ``n``.
+      - ``max_top_logprobs``: cap on chat ``top_logprobs`` and completions ``logprobs``
+        (default 20, OpenAI's chat limit); the engine's own cap applies on top of it.
+      - ``max_prompts``: most prompts in one batched ``/v1/completions`` request.
+      - ``max_body_bytes``: largest request body (413 above it).
+      - ``api_key``: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>`` (401).
+      - ``request_id_headers``: lower-case header names tried in order for the request id,
+        which is echoed in ``x-request-id``; when none is present one is generated.
+      - ``reasoning_parser``: parser name used for models whose ``ServedModel`` names none
+        (``None``: no reasoning split).
+      - ``body_timeout_s``: seconds to receive a request body (408 past it).
+      - ``max_sequences_per_request``: most sequences (prompts x ``n``) in one request (400
+        naming ``n``).
+      - ``max_tokens_per_request``: most completion tokens one request may ask for, summed over
+        its sequences (``max_tokens``, or the context left when unset); ``None``:
+        :data:`REQUEST_TOKENS_CONTEXTS` times the model's context length. 400 naming
+        ``max_tokens`` above it.
+      - ``max_concurrent_requests``: inference requests served at once; past it a request waits
+        up to ``queue_timeout_s`` seconds for a slot, among at most ``queue_size`` waiting, then
+        gets 429 with ``Retry-After``.
+      - ``enable_http2``: serve cleartext HTTP/2 (prior knowledge and ``Upgrade: h2c``). Off by
+        default: hypercorn's HTTP/2 has no write timeout for a stream whose flow-control window
+        the client never opens (its buffered output then grows, and stopping waits for it), so a
+        prior-knowledge preface gets a 505 and an ``Upgrade: h2c`` is answered in HTTP/1.1.
     - ``write_timeout_s``: a response write blocked this long drops the connection (its engine
-      requests are ABORTed); applied by :func:`~smg_trio.gateway.http.app.serve_http`.
+        requests are ABORTed); applied by :func:`~smg_trio.gateway.http.app.serve_http`.
     """
 
     max_n: int = attrs.field(default=DEFAULT_MAX_N, validator=_positive)
@@ -102,6 +106,7 @@ class GatewayHttpConfig:
     queue_size: int = attrs.field(default=DEFAULT_QUEUE_SIZE)
     queue_timeout_s: float = attrs.field(default=DEFAULT_QUEUE_TIMEOUT_S)
     write_timeout_s: float = attrs.field(default=DEFAULT_WRITE_TIMEOUT_S)
+    enable_http2: bool = False
 
     @max_top_logprobs.validator
     def _check_top(self, _: attrs.Attribute[int], value: int) -> None:

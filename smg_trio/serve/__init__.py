@@ -95,6 +95,7 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         queue_size=config.queue_size,
         queue_timeout_s=config.queue_timeout_s,
         write_timeout_s=config.write_timeout_s,
+        enable_http2=config.enable_http2,
     )
 
 

@@ -29,6 +29,7 @@ from smg_trio.gateway.openai.models import model_detail, model_list
 from smg_trio.gateway.server.asgi_guard import RequestGuard
 from smg_trio.gateway.server.asgi_shield import ShieldedFinish
 from smg_trio.gateway.server.direct import SERVER_SEND_KEY, DirectSocket
+from smg_trio.gateway.server.hypercorn_errors import HTTP2_ENABLED_ATTR
 from smg_trio.gateway.server.serve import serve
 from smg_trio.tokenizer import REASONING_PARSERS
 
@@ -214,9 +215,12 @@ def listen_backlog(path: str = SOMAXCONN_PATH) -> int:
     return value if value > 0 else DEFAULT_BACKLOG
 
 
-def hyper_config(host: str, port: int, graceful_timeout_s: float) -> HyperConfig:
+def hyper_config(
+    host: str, port: int, graceful_timeout_s: float, *, enable_http2: bool = False
+) -> HyperConfig:
     """Hypercorn's config for :func:`serve_http`."""
     cfg = HyperConfig()
+    setattr(cfg, HTTP2_ENABLED_ATTR, enable_http2)
     cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
@@ -245,8 +249,9 @@ async def serve_http(
     blocked for the app's ``write_timeout_s`` drops its connection; the listen backlog is
     :func:`listen_backlog`.
     """
-    cfg = hyper_config(host, port, graceful_timeout_s)
     gw = getattr(app, "extensions", {}).get(GATEWAY_KEY)  # a bare ASGI app has none
+    enable_http2 = gw.config.enable_http2 if isinstance(gw, Gateway) else False
+    cfg = hyper_config(host, port, graceful_timeout_s, enable_http2=enable_http2)
     write_timeout_s = (
         gw.config.write_timeout_s if isinstance(gw, Gateway) else DEFAULT_WRITE_TIMEOUT_S
     )

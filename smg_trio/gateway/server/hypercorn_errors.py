@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import h11
 from hypercorn.config import Config
-from hypercorn.events import Event
+from hypercorn.events import Closed, Event
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
@@ -43,8 +43,31 @@ def protocol_error_body(status: int) -> bytes:
     ).body()
 
 
+#: The attribute of hypercorn's ``Config`` that says whether cleartext HTTP/2 is served
+#: (:func:`smg_trio.gateway.http.app.hyper_config`; absent: not served).
+HTTP2_ENABLED_ATTR: Final = "smg_trio_enable_http2"
+
+
 class EnvelopeH11Protocol(H11Protocol):
-    """hypercorn's HTTP/1.1 protocol, whose protocol errors carry the OpenAI envelope."""
+    """hypercorn's HTTP/1.1 protocol, whose protocol errors carry the OpenAI envelope, and
+    which hands over to HTTP/2 only when the server enables it (``--enable-http2``)."""
+
+    _refused = False
+
+    async def _check_protocol(self, event: h11.Request) -> None:
+        if getattr(self.config, HTTP2_ENABLED_ATTR, False):
+            await super()._check_protocol(event)
+            return
+        if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
+            # a prior-knowledge HTTP/2 preface: not served; answer in HTTP/1.1 and close
+            self._refused = True
+            await self._send_error_response(505)
+            await self.send(Closed())
+        # an ``Upgrade: h2c`` is ignored: the request is answered in HTTP/1.1 (RFC 9110 7.8)
+
+    async def _create_stream(self, request: h11.Request) -> None:
+        if not self._refused:
+            await super()._create_stream(request)
 
     async def _send_error_response(self, status_code: int) -> None:
         body = protocol_error_body(status_code)
@@ -137,6 +160,8 @@ FIX: Final = Fix(
     targets=(
         "hypercorn.protocol.h11:H11Protocol._send_error_response",
         "hypercorn.protocol.h11:H11Protocol._send_h11_event",
+        "hypercorn.protocol.h11:H11Protocol._check_protocol",
+        "hypercorn.protocol.h11:H11Protocol._create_stream",
         "hypercorn.protocol.h2:H2Protocol",
         "hypercorn.protocol:ProtocolWrapper.handle",
         "hypercorn.config:Config.response_headers",
