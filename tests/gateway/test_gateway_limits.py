@@ -314,6 +314,30 @@ async def test_concurrency_cap_with_no_queue_is_429_with_retry_after(
             await held.aclose()
 
 
+async def test_a_slot_is_taken_before_the_body_is_read(harness: HarnessFactory) -> None:
+    """Bodies in memory are bounded by the admission limits (the breaker held 60 bodies of
+    32 MiB, 2 GB, with --max-concurrent-requests 8): an upload that has not finished holds its
+    slot, so another request gets its 429 before a byte of its body is read."""
+    config = GatewayHttpConfig(max_concurrent_requests=1, queue_size=0)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=config) as h:
+            gate = gateway_app.gateway_of(h.app).admission
+            host, port = h.base_url.removeprefix("http://").rsplit(":", 1)
+            async with await trio.open_tcp_stream(host, int(port)) as upload:
+                size = 1 << 20
+                await upload.send_all(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Type: application/json\r\n"
+                    + f"Content-Length: {size}\r\n\r\n".encode()
+                    + b'{"model": "M", "prompt": "'
+                )
+                while gate.active < 1:  # the unfinished upload holds the only slot
+                    await trio.lowlevel.checkpoint()
+                resp = await h.complete(max_tokens=2)
+                assert resp.status_code == 429, resp.text
+            assert len(h.engine.requests) == 0
+
+
 async def test_queued_request_gets_429_when_no_slot_frees(harness: HarnessFactory) -> None:
     config = GatewayHttpConfig(max_concurrent_requests=1, queue_size=4, queue_timeout_s=0.05)
     with trio.fail_after(DEADLINE_S):

@@ -221,10 +221,12 @@ class RequestCall:
 
     async def read_body(self, type_: type[T]) -> T:
         """Auth, then ``Content-Type`` (415 unless ``application/json``, parameters such as
-        ``charset`` allowed), then the body (413 too large, 408 too slow), then a slot under
-        ``--max-concurrent-requests`` (429 when none frees in time), then the body decoded
-        into ``type_`` (400 naming the field). While draining: 503 before the body is read, so
-        a stopping gateway spends nothing (reading, tokenizing) on requests it will refuse."""
+        ``charset`` allowed), then a slot under ``--max-concurrent-requests`` (429 when none
+        frees in time), then the body (413 too large, 408 too slow), decoded into ``type_``
+        (400 naming the field). The slot comes before the body, so the bodies held in memory
+        are bounded by the admission limits (an upload is bounded in time by the body
+        timeout). While draining: 503 before the body is read, so a stopping gateway spends
+        nothing (reading, tokenizing) on requests it will refuse."""
         self.gw.check_auth(self.request)
         if self.gw.backend.draining:
             raise ApiError(503, "the gateway is shutting down", code="draining")
@@ -236,6 +238,8 @@ class RequestCall:
                 "only application/json is accepted",
                 code="unsupported_media_type",
             )
+        await self.gw.admission.enter(self)
+        self._admitted = True
         try:
             data = await self.request.get_data(cache=False)
         except HTTPException as exc:
@@ -243,8 +247,6 @@ class RequestCall:
         if not isinstance(data, bytes):
             data = data.encode()
         self.body_bytes = len(data)
-        await self.gw.admission.enter(self)
-        self._admitted = True
         return decode_body(data, type_)
 
     async def tokenize(self, fn: Callable[[], T]) -> T:
