@@ -17,7 +17,7 @@ import trio
 
 from smg_trio.gateway.config import REQUEST_TOKENS_CONTEXTS, GatewayHttpConfig
 from smg_trio.gateway.http import app as gateway_app
-from smg_trio.gateway.http.call import TOKENIZE_OFFLOAD_BYTES
+from smg_trio.gateway.http.call import RENDER_OFFLOAD_TOKENS, TOKENIZE_OFFLOAD_BYTES
 from smg_trio.tokenizer import Tokenizer
 from smg_trio.tokenizer.bound import min_tokens
 from smg_trio.tokenizer.prefix import prefix_chars
@@ -78,6 +78,36 @@ async def test_large_chat_prompt_is_rendered_and_encoded_in_a_thread(
     assert len(spy.encodes) == len(spy.renders) == 2
     assert spy.encodes[1] is not MAIN
     assert spy.renders[1] is not MAIN
+
+
+async def test_a_large_whole_response_is_built_off_the_event_loop(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A non-streamed response of many completion tokens (n choices with top_logprobs: the
+    breaker's 93 MB answer froze /health for 5 s) is built and encoded in a worker thread; a
+    small one stays inline."""
+    from smg_trio.gateway.openai.chat import ChatJob
+
+    threads: list[int | None] = []
+    result = ChatJob.result
+
+    def spy(self: ChatJob, collected: Any) -> Any:
+        threads.append(threading.get_ident())
+        return result(self, collected)
+
+    monkeypatch.setattr(ChatJob, "result", spy)
+    n = 4
+    per_choice = RENDER_OFFLOAD_TOKENS // n + 1
+    with trio.fail_after(DEADLINE_S):
+        async with harness(max_model_len=65536) as h:
+            assert (await h.chat(max_tokens=2)).status_code == 200
+            resp = await h.chat(
+                max_tokens=per_choice, n=n, logprobs=True, top_logprobs=5, ignore_eos=True
+            )
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["usage"]["completion_tokens"] >= RENDER_OFFLOAD_TOKENS
+    assert threads[0] == MAIN
+    assert threads[1] != MAIN
 
 
 async def test_large_completion_prompts_are_encoded_in_a_thread(

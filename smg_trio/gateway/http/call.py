@@ -64,6 +64,9 @@ _ABORT_CODES = frozenset({None, "client_disconnected", "engine_aborted", "draini
 #: round trip would cost more than the work. Measured in docs/performance.md: an 8 KiB prompt
 #: renders and encodes in about 3-5 ms, a 1 MiB one in about 1 s.
 TOKENIZE_OFFLOAD_BYTES: Final = 8 * 1024
+#: A whole (non-streamed) response of this many completion tokens or more is built and
+#: encoded in a worker thread: with ``n`` choices and ``top_logprobs`` it can be tens of MB.
+RENDER_OFFLOAD_TOKENS: Final = 2048
 #: Worker threads tokenizing large prompts at once (more wait), which bounds their memory too.
 TOKENIZER_THREADS: Final = 4
 
@@ -340,6 +343,19 @@ class RequestCall:
         """A 200 JSON response (closes the call)."""
         self.close(200)
         return json_response(200, msgspec.json.encode(payload), self.request_id)
+
+    async def ok_response_of(self, build: Callable[[], msgspec.Struct]) -> Response:
+        """:meth:`ok_response` of ``build()``: built and encoded in a worker thread from
+        :data:`RENDER_OFFLOAD_TOKENS` completion tokens on (``n`` choices with logprobs can
+        make a response of tens of MB, seconds of Python on the event loop), inline below."""
+        completion = sum(s.pipeline.completion_tokens for s in self.subs)
+        if completion < RENDER_OFFLOAD_TOKENS:
+            return self.ok_response(build())
+        body = await trio.to_thread.run_sync(
+            lambda: msgspec.json.encode(build()), limiter=self.gw.tokenizer_limiter
+        )
+        self.close(200)
+        return json_response(200, body, self.request_id)
 
     def close(
         self, status: int, error_code: str | None = None, exc: BaseException | None = None

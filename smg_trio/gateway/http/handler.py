@@ -46,7 +46,7 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
             client,
             lambda c: run_all(c, job.subs, collected.on_delta, call.on_batch),
         )
-        return call.ok_response(job.result(collected))
+        return await call.ok_response_of(lambda: job.result(collected))
     except Exception as exc:
         return call.error_response(exc)
     finally:
