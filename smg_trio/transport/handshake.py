@@ -187,7 +187,11 @@ class _Driver:
                 self.ignored(f"HELLO from {_name(identity)}: too many identities said HELLO")
                 return
             peer = self.peers[identity] = _Peer()
-            logger.info("handshake: HELLO from %s; sending INIT", _name(identity))
+            logger.log(  # a stranger's HELLO (an unexpected identity) only at DEBUG: no log flood
+                logging.INFO if expected else logging.DEBUG,
+                "handshake: HELLO from %s; sending INIT",
+                _name(identity),
+            )
             self._advance()
             early = self.early.pop(identity, None)
             if early is not None:
@@ -199,7 +203,7 @@ class _Driver:
             # Answer again; the one that registers on the input socket (which only local
             # engines can reach) is the engine. READY (which proves nothing: anyone can send
             # it) is kept, so a stranger's late HELLO cannot undo the real engine's READY.
-            logger.info("handshake: HELLO again from %s; sending INIT again", _name(identity))
+            logger.debug("handshake: HELLO again from %s; sending INIT again", _name(identity))
         self._send_init(identity, peer)
 
     def _send_init(self, identity: bytes, peer: _Peer) -> None:

@@ -122,6 +122,10 @@ class WorkerConfinement:
             raise ValidationError(f"url {url!r} must be an absolute ipc:// path", param="url")
         if {".", ".."} & set(path.split("/")):
             raise ValidationError(f"url {url!r} must not contain . or .. components", param="url")
+        if os.path.normpath(path) != path:  # "//", a trailing "/": one spelling per socket
+            raise ValidationError(
+                f"url {url!r} is not a normalized path (no repeated or trailing /)", param="url"
+            )
         directory = os.path.dirname(os.path.normpath(path))
         if not any(inside(directory, d) for d in self.socket_dirs):
             raise ValidationError(

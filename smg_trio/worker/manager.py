@@ -66,6 +66,8 @@ DRAIN_TIMEOUT_S = 30.0
 #: How long a request for a known model waits for a ready worker before its 503
 #: (``--worker-wait-timeout-secs``).
 WORKER_WAIT_TIMEOUT_S = 10.0
+#: The largest ``dp_size`` a worker spec may ask for (engines dialing one socket set).
+MAX_DP_SIZE = 1024
 #: How long a model stays known (requests wait, then 503; not 404) after its last worker left.
 MODEL_GRACE_S = 10.0
 #: Waiters for a ready worker re-check at least this often (the circuit breaker half-opens
@@ -385,8 +387,8 @@ class WorkerManager:
                 f"runtime_type must be vllm or tokenspeed (the ZMQ wires), got {runtime!r}",
                 param="runtime_type",
             )
-        if spec.dp_size < 1:
-            raise ValidationError("dp_size must be >= 1", param="dp_size")
+        if not 1 <= spec.dp_size <= MAX_DP_SIZE:
+            raise ValidationError(f"dp_size must be in 1..{MAX_DP_SIZE}", param="dp_size")
         if spec.zmq_handshake_address is not None:
             conf.check_handshake(spec.zmq_handshake_address)
         if spec.model_path is not None:

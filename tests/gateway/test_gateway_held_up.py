@@ -247,6 +247,23 @@ async def test_expect_100_continue(harness: HarnessFactory, api_key: str | None)
             assert len(h.engine.requests) == (0 if api_key else 1)
 
 
+async def test_an_unknown_transfer_coding_is_a_400_not_a_501(harness: HarnessFactory) -> None:
+    """h11 hints 501 for ``Transfer-Encoding: chunked, identity``; it is bad input: a 400."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            raw = (
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nTransfer-Encoding: chunked, identity\r\n\r\n"
+                b"2\r\n{}\r\n0\r\n\r\n"
+            )
+            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+                await stream.send_all(raw)
+                data = await _read_all(stream)
+            assert _statuses(data) == [400], data[:300]
+            body = data.partition(b"\r\n\r\n")[2]
+            assert set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
+
+
 @pytest.mark.parametrize(
     "size",
     [b"zz", b"-1", b"0x5", b"", b"5;" + b"x" * 20000],

@@ -124,6 +124,8 @@ CHAT_CASES: list[tuple[str, dict[str, Any], int, str | None]] = [
     ("stream prompt_logprobs", {"stream": True, "prompt_logprobs": 1}, 400, "prompt_logprobs"),
     ("data_parallel_rank out of range", {"data_parallel_rank": 1}, 400, "data_parallel_rank"),
     ("data_parallel_rank negative", {"data_parallel_rank": -1}, 400, "data_parallel_rank"),
+    ("best_of below n", {"best_of": 1, "n": 3}, 400, "best_of"),
+    ("guided_json not a schema", {"guided_json": 5}, 400, "guided_json"),
     ("B20 unknown model", {"model": "does-not-exist"}, 404, "model"),
     ("B20 unknown model streaming", {"model": "does-not-exist", "stream": True}, 404, "model"),
     ("B20 model with spaces", {"model": " M "}, 404, "model"),

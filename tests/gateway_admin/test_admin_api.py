@@ -201,6 +201,10 @@ async def test_validation_errors(ns: IpcNamespace, model_dir: Path) -> None:
                 await http.post("/workers", json=body(ns, "a", model_dir, dp_size="2")), 400
             )
             assert err["param"] == "dp_size"
+            err = assert_envelope(
+                await http.post("/workers", json=body(ns, "a", model_dir, dp_size=1_000_000)), 400
+            )
+            assert err["param"] == "dp_size"  # would wait for a million engines
             assert_envelope(
                 await http.post("/workers", json=body(ns, "a", model_dir, bogus=1)), 400
             )

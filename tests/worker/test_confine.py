@@ -27,7 +27,7 @@ def conf() -> WorkerConfinement:
     return WorkerConfinement(socket_dirs=(SOCK,), model_dirs=(MODELS,))
 
 
-@pytest.mark.parametrize("url", [f"ipc://{SOCK}/w", f"ipc://{SOCK}/sub/dir/w", f"ipc://{SOCK}//w"])
+@pytest.mark.parametrize("url", [f"ipc://{SOCK}/w", f"ipc://{SOCK}/sub/dir/w"])
 def test_urls_under_the_socket_dir_pass(conf: WorkerConfinement, url: str) -> None:
     conf.check_url(url)
 
@@ -41,6 +41,8 @@ def test_urls_under_the_socket_dir_pass(conf: WorkerConfinement, url: str) -> No
         ("ipc://w", "absolute"),
         (f"ipc://{SOCK}/../etc/w", ".."),
         (f"ipc://{SOCK}/./w", ".."),
+        (f"ipc://{SOCK}//w", "normalized"),  # one spelling per socket (breaker: aliases)
+        (f"ipc://{SOCK}/w/", "normalized"),
         ("ipc:///tmp/w", "outside the allowed socket directories"),
         (f"ipc://{SOCK}-other/w", "outside the allowed socket directories"),
         (f"ipc://{SOCK}", "outside the allowed socket directories"),

@@ -78,6 +78,9 @@ def _bad(message: str, param: str, code: str = "invalid_value") -> ValidationErr
 def _reject_unsupported(body: SamplingRequest) -> None:
     if body.best_of is not None and body.best_of > 1:
         raise _bad("best_of is not supported; use n", "best_of", "unsupported_field")
+    n = getattr(body, "n", None)
+    if body.best_of is not None and n is not None and body.best_of < n:
+        raise _bad(f"best_of ({body.best_of}) must be >= n ({n})", "best_of", "invalid_value")
     if body.use_beam_search:
         raise _bad("beam search is not supported", "use_beam_search", "unsupported_field")
     if body.truncate_prompt_tokens is not None:
@@ -186,6 +189,8 @@ def _constraints(body: SamplingRequest) -> list[tuple[str, str, StructuredOutput
         schema = body.guided_json
         if isinstance(schema, str):
             schema = jsontext.loads(schema, param="guided_json")
+        if not isinstance(schema, dict):
+            raise _bad("guided_json must be a JSON Schema object", "guided_json", "invalid_type")
         found.append(("guided_json", "json", StructuredOutputs(json=schema)))
     if body.guided_regex is not None:
         found.append(("guided_regex", "regex", StructuredOutputs(regex=body.guided_regex)))

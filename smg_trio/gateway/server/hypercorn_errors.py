@@ -70,6 +70,8 @@ class EnvelopeH11Protocol(H11Protocol):
             await super()._create_stream(request)
 
     async def _send_error_response(self, status_code: int) -> None:
+        if status_code == 501:  # h11's hint for a transfer coding it does not know: bad input
+            status_code = 400
         body = protocol_error_body(status_code)
         headers = [
             (b"content-type", b"application/json"),
