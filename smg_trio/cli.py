@@ -582,6 +582,10 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     )
 
 
+#: After a second SIGINT/SIGTERM, how long serve may take to return before the process exits.
+FORCED_EXIT_AFTER_S = 15.0
+
+
 async def _run_gateway(config: Any) -> None:
     from smg_trio.serve import ServeHandle, serve
 
@@ -610,10 +614,23 @@ async def _run_gateway(config: Any) -> None:
                             log.info("received %s: draining (send it again to stop now)", name)
                             drain_scope = trio.CancelScope()
                             nursery.start_soon(drain_then_stop, drain_scope)
-                        else:
+                        elif not force_stop.is_set():
                             log.info("received %s again: stopping now", name)
                             drain_scope.cancel()
                             force_stop.set()
+                            watcher.start_soon(exit_if_stuck)
+
+                async def exit_if_stuck() -> None:
+                    # The last resort of a second signal: the engines are SIGKILLed at once,
+                    # so serve returns within moments; if something still holds it (a
+                    # connection the server cannot close), the process exits anyway.
+                    await trio.sleep(FORCED_EXIT_AFTER_S)
+                    log.error(
+                        "still stopping %g s after the second signal; exiting now",
+                        FORCED_EXIT_AFTER_S,
+                    )
+                    logging.shutdown()
+                    os._exit(1)
 
                 watcher.start_soon(on_signal)
                 handle = await nursery.start(partial(serve, config, force_stop=force_stop))

@@ -4,6 +4,7 @@ skips the rest of the drain instead of killing the process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -292,6 +293,65 @@ async def test_sigterm_during_mixed_abuse_exits_in_time(sock_dir: str, tmp_path:
     finally:
         for sock in socks:
             sock.close()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_second_signal_exits_even_when_a_connection_holds_the_server(
+    sock_dir: str, tmp_path: Path
+) -> None:
+    """With --enable-http2, an HTTP/2 client that never opens its flow-control window holds
+    the server's stop (the breaker's report: hypercorn cannot close it). The second signal
+    still ends the process (after FORCED_EXIT_AFTER_S), leaving no engine behind."""
+    h2_connection = pytest.importorskip("h2.connection")
+    h2_config = pytest.importorskip("h2.config")
+    h2_settings = pytest.importorskip("h2.settings")
+    from smg_trio.cli import FORCED_EXIT_AFTER_S
+
+    proc, base = await _start(sock_dir, tmp_path, 1.0, "--enable-http2")
+    children = descendants(proc.pid)
+    try:
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        conn = h2_connection.H2Connection(h2_config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        conn.update_settings({h2_settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        body = json.dumps(_body(True)).encode()
+        headers = [
+            (":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "http"),
+            (":authority", "x"), ("content-type", "application/json"),
+            ("content-length", str(len(body))),
+        ]  # fmt: skip
+        conn.send_headers(1, headers)
+        conn.send_data(1, body, end_stream=True)
+        with trio.fail_after(FORCED_EXIT_AFTER_S + 30):
+            async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+                async with await trio.open_tcp_stream(host, int(port)) as stream:
+                    await stream.send_all(conn.data_to_send())
+                    # in flight, its output stuck behind the closed window (the client acks
+                    # what the server sends, opening nothing); then the client goes away
+                    # without a word (the socket closes, the server's stream stays)
+                    while (
+                        "smg_router_requests_in_flight 1.0"
+                        not in (await client.get("/metrics")).text
+                    ):
+                        conn.receive_data(await stream.receive_some(65536))
+                        await stream.send_all(conn.data_to_send())
+                    for _ in range(3):  # a few more exchanges: the server has output queued
+                        with trio.move_on_after(0.3):
+                            conn.receive_data(await stream.receive_some(65536))
+                            await stream.send_all(conn.data_to_send())
+                proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(httpx.HTTPError):  # it may stop before answering
+                    while (await client.get("/readiness")).status_code != 503:
+                        pass
+            proc.send_signal(signal.SIGTERM)
+            code = await proc.wait()
+        log = (tmp_path / "serve.stderr").read_text(errors="replace")
+        assert code in (0, 1), log[-3000:]
+        assert "stopping now" in log
+        assert await wait_all_gone(children) == set()
+    finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
