@@ -276,7 +276,7 @@ async def _ignored_then_real(
     handshake_logger = logging.getLogger("smg_trio.transport.handshake")
     handshake_logger.addHandler(watch)
     old_level = handshake_logger.level
-    handshake_logger.setLevel(logging.INFO)
+    handshake_logger.setLevel(logging.DEBUG)  # the waits watch DEBUG lines too
     regs: list[EngineRegistration] = []
     try:
         with trio.fail_after(IO_DEADLINE_S):
