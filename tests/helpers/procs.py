@@ -78,3 +78,15 @@ async def kill_leftovers(proc: trio.Process, pids: set[int]) -> None:
     for pid in pids:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+async def read_until_ready(stream: trio.abc.ReceiveStream, what: str = "serve") -> str:
+    """The ``smg_trio ready on ...`` line of a gateway's stdout (``what`` names it if it
+    exits first)."""
+    buf = b""
+    async for chunk in stream:
+        buf += chunk
+        for line in buf.decode(errors="replace").splitlines():
+            if line.startswith("smg_trio ready on "):
+                return line
+    raise AssertionError(f"{what} exited before it was ready; stdout: {buf!r}")

@@ -18,18 +18,9 @@ from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.mock.tiny_model import default_tiny_model_dir
 from tests.helpers.ipc import free_handshake_address
 from tests.helpers.ports import free_port
+from tests.helpers.procs import read_until_ready
 
 pytestmark = pytest.mark.slow
-
-
-async def _read_until_ready(stream: trio.abc.ReceiveStream) -> str:
-    buf = b""
-    async for chunk in stream:
-        buf += chunk
-        for line in buf.decode(errors="replace").splitlines():
-            if line.startswith("smg_trio ready on "):
-                return line
-    raise AssertionError(f"launch exited before it was ready; stdout: {buf!r}")
 
 
 async def test_launch_starts_empty_then_discovers_a_worker(sock_dir: str, tmp_path: Path) -> None:
@@ -50,7 +41,7 @@ async def test_launch_starts_empty_then_discovers_a_worker(sock_dir: str, tmp_pa
     try:
         assert proc.stdout is not None
         with trio.fail_after(60):
-            await _read_until_ready(proc.stdout)
+            await read_until_ready(proc.stdout, "launch")
             async with (
                 trio.open_nursery() as nursery,
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http,

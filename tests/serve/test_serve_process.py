@@ -13,22 +13,18 @@ import pytest
 import trio
 
 from tests.helpers.ports import free_port, random_worker_base_port
-from tests.helpers.procs import descendants, engine_pids, kill_leftovers, wait_all_gone
+from tests.helpers.procs import (
+    descendants,
+    engine_pids,
+    kill_leftovers,
+    read_until_ready,
+    wait_all_gone,
+)
 
 pytest.importorskip("smg_trio.gateway.http.app", reason="the HTTP app has not landed yet")
 openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
-
-
-async def _read_until_ready(stream: trio.abc.ReceiveStream) -> str:
-    buf = b""
-    async for chunk in stream:
-        buf += chunk
-        for line in buf.decode(errors="replace").splitlines():
-            if line.startswith("smg_trio ready on "):
-                return line
-    raise AssertionError(f"serve exited before it was ready; stdout: {buf!r}")
 
 
 def _chat(base_url: str) -> tuple[str, str]:
@@ -72,7 +68,7 @@ async def test_serve_mock_subprocess_sigterm_no_orphans(sock_dir: str, tmp_path:
     try:
         assert proc.stdout is not None
         with trio.fail_after(60):
-            line = await _read_until_ready(proc.stdout)
+            line = await read_until_ready(proc.stdout)
         base_url = line.split()[3]
         assert base_url == f"http://127.0.0.1:{port}"
 
@@ -134,7 +130,7 @@ async def test_serve_sigkill_leaves_no_engine_behind(sock_dir: str, tmp_path: Pa
     try:
         assert proc.stdout is not None
         with trio.fail_after(60):
-            await _read_until_ready(proc.stdout)
+            await read_until_ready(proc.stdout)
         children = descendants(proc.pid)
         assert len(engine_pids(proc.pid)) >= 2, children
         proc.kill()
