@@ -56,6 +56,20 @@ def _err(resp: Any) -> dict[str, Any]:
     return err
 
 
+async def _refused_for_context(h: Any, path: str, text: str) -> dict[str, Any]:
+    """Send ``text`` as the chat message or the completions prompt; assert the 400
+    ``context_length_exceeded`` naming the prompt's field; return the error."""
+    if path == CHAT:
+        resp = await h.chat(messages=[{"role": "user", "content": text}])
+    else:
+        resp = await h.complete(prompt=text)
+    assert resp.status_code == 400, resp.text
+    err = _err(resp)
+    assert err["code"] == "context_length_exceeded"
+    assert err["param"] == ("messages" if path == CHAT else "prompt")
+    return err
+
+
 # -- tokenization off the event loop ------------------------------------------------------
 
 
@@ -142,14 +156,7 @@ async def test_prompt_that_cannot_fit_is_refused_before_encoding(
     with trio.fail_after(DEADLINE_S):
         async with harness() as h:
             text = _too_long(tok, h.served.max_model_len)
-            if path == CHAT:
-                resp = await h.chat(messages=[{"role": "user", "content": text}])
-            else:
-                resp = await h.complete(prompt=text)
-            assert resp.status_code == 400, resp.text
-            err = _err(resp)
-            assert err["code"] == "context_length_exceeded"
-            assert err["param"] == ("messages" if path == CHAT else "prompt")
+            err = await _refused_for_context(h, path, text)
             assert "maximum context length is" in err["message"]
             assert h.engine.requests == []
     assert spy.encodes == []
@@ -221,14 +228,7 @@ async def test_prompt_whose_prefix_overflows_is_refused_without_a_full_encode(
             ctx = h.served.max_model_len
             text = ("lighthouse keeper " * ctx)[: 10 * ctx]
             assert min_tokens(len(text), tok.max_token_chars) < ctx
-            if path == CHAT:
-                resp = await h.chat(messages=[{"role": "user", "content": text}])
-            else:
-                resp = await h.complete(prompt=text)
-            assert resp.status_code == 400, resp.text
-            err = _err(resp)
-            assert err["code"] == "context_length_exceeded"
-            assert err["param"] == ("messages" if path == CHAT else "prompt")
+            err = await _refused_for_context(h, path, text)
             assert "the prompt has at least" in err["message"]
             assert h.engine.requests == []
     assert spy.whole == []
