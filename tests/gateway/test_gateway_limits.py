@@ -426,13 +426,17 @@ async def test_client_that_stops_reading_is_dropped_and_its_request_aborted(
                 },
                 rcvbuf=4096,
             )
-            await spy.fell_back.wait()  # the socket is full; the writer task now blocks
-            while not h.engine.aborts:
-                await h.engine.abort_event.wait()
-            assert len(h.engine.requests) == 1
-            assert h.engine.aborts == [h.engine.requests[0].request_id]
-            assert h.client.inflight_count == 0  # retired before the ABORT was sent
-            await sse.aclose()
+            try:
+                await spy.fell_back.wait()  # the socket is full; the writer task now blocks
+                while not h.engine.aborts:
+                    await h.engine.abort_event.wait()
+                assert len(h.engine.requests) == 1
+                # the ABORT, and perhaps a re-ABORT for outputs the engine sent before it
+                # read the first (the connector re-ABORTs an id whose outputs still arrive)
+                assert set(h.engine.aborts) == {h.engine.requests[0].request_id}
+                assert h.client.inflight_count == 0  # retired before the ABORT was sent
+            finally:
+                await sse.aclose()
 
 
 # -- listen backlog ---------------------------------------------------------------------------
