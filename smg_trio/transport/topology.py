@@ -152,10 +152,16 @@ def _monitor(stack: contextlib.ExitStack, wrapped: ZmqSocket) -> ConnectionMonit
     pair = zmq_context().socket(zmq.PAIR)
     stack.callback(pair.close, 0)
     pair.setsockopt(zmq.LINGER, 0)
+    # No high-water mark on the reader: libzmq's monitor sends its events (and the final
+    # MONITOR_STOPPED) with a blocking send from whichever thread calls into the ROUTER, so a
+    # full pipe, or a reader already gone, would block the event loop for good.
+    pair.setsockopt(zmq.RCVHWM, 0)
     pair.connect(address)
-    stack.callback(sock.disable_monitor)  # runs before the pair and the ROUTER are closed
     monitored = ZmqSocket(pair)
     stack.callback(monitored.close)
+    # Registered last, so it runs first: the monitor stops while its reader is still
+    # connected (a peerless PAIR's send would block disable_monitor forever).
+    stack.callback(sock.disable_monitor)
     return ConnectionMonitor(monitored)
 
 

@@ -6,6 +6,9 @@ import errno
 import os
 import socket
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import trio
@@ -131,3 +134,42 @@ async def test_output_pull_receives_from_many_pushers(
                 await p.send_multipart([b"out", bytes([i])])
             got = sorted([(await bound.output.recv_multipart())[1] for _ in pushers])
             assert got == [b"\x00", b"\x01", b"\x02"]
+
+
+_UNREAD_MONITOR = """\
+import sys, tempfile, time
+import trio, zmq
+from smg_trio.protocol.addresses import worker_addresses
+from smg_trio.transport.topology import bind_worker_sockets
+from smg_trio.transport.zsocket import zmq_context
+
+async def main() -> None:
+    url = f"ipc://{tempfile.mkdtemp(prefix='smg-mon-')}/w"
+    async with bind_worker_sockets(worker_addresses(url, "tcp://127.0.0.1:*")) as bound:
+        for _ in range(1500):  # 3000 events, over libzmq's default high-water mark
+            d = zmq_context().socket(zmq.DEALER)
+            d.setsockopt(zmq.LINGER, 0)
+            d.connect(bound.input_address)
+            time.sleep(0.0005)
+            d.close(0)
+    print("closed")
+
+trio.run(main)
+"""
+
+
+def test_an_unread_connection_monitor_never_blocks_the_sockets(tmp_path: Path) -> None:
+    """Nobody reads the input ROUTER's monitor (before the engine client starts, after it
+    ended): libzmq sends its events with a blocking send from the thread that calls into the
+    ROUTER, so with a bounded pipe the socket set's teardown (or any call) blocked the whole
+    event loop for good, as a CI run did. Run in a subprocess: a blocked C call cannot be
+    cancelled from here."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _UNREAD_MONITOR],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "closed"
