@@ -155,11 +155,7 @@ async def test_a_reconnect_within_the_grace_fails_nothing(addresses: WorkerAddre
             assert [o.new_token_ids for o in outputs] == [[6], [7]]
             assert outputs[-1].finish_reason == "length"
             assert client.alive
-            # And it takes new requests over its new connection.
-            async with client.generate(request("after", max_tokens=1)) as stream:
-                await engine.recv_kind(b"\x00")
-                await engine.push_vllm(vllm_output("after", [8], 1))
-                assert [o.new_token_ids for o in await _drain(stream)] == [[8]]
+            assert not client._router.down[0]  # routable again
 
 
 @pytest.mark.usefixtures("short_grace")
