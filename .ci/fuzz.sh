@@ -21,8 +21,25 @@ work="$(mktemp -d)"  # 0700: the servers' socket dirs and logs
 admin_sock="$(mktemp -d)"  # 0700: the socket dir of the server whose admin API is fuzzed keyed
 pids=()
 cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  local pid deadline
+  for pid in "${pids[@]}"; do
+    # a server run under strace: signal the traced serve itself (strace only passes it on
+    # when it exits), then strace
+    if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = strace ]; then
+      pkill -TERM -P "$pid" 2>/dev/null || true
+    fi
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  deadline=$(($(date +%s) + 30))  # serve drains and stops in well under that
+  for pid in "${pids[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "fuzz: server $pid did not stop; killing it" >&2
+      pkill -KILL -P "$pid" 2>/dev/null || true
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
+  done
   rm -rf "$work" "$admin_sock"
 }
 trap cleanup EXIT
