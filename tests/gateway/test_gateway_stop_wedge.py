@@ -21,6 +21,26 @@ DEADLINE_S = 10.0
 BIG = 64 << 20
 
 
+async def _lifespan(receive: Any, send: Any) -> None:
+    """Answer the ASGI lifespan messages until shutdown."""
+    while True:
+        message = await receive()
+        await send({"type": message["type"] + ".complete"})
+        if message["type"] == "lifespan.shutdown":
+            return
+
+
+async def _client_that_never_reads(base_url: str) -> trio.SocketStream:
+    """A connection with a small receive buffer that sends one GET and then reads nothing."""
+    host, port = base_url.removeprefix("http://").rsplit(":", 1)
+    sock = trio.socket.socket()
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    await sock.connect((host, int(port)))
+    client = trio.SocketStream(sock)
+    await client.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    return client
+
+
 async def test_a_write_that_blocks_after_stopping_began_is_closed(monkeypatch: Any) -> None:
     first_pass = trio.Event()
     real = hypercorn_close.Connections.close_blocked_writes
@@ -37,11 +57,8 @@ async def test_a_write_that_blocks_after_stopping_began_is_closed(monkeypatch: A
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
+            await _lifespan(receive, send)
+            return
         head = [(b"content-length", str(BIG + 1).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": head})
         await send({"type": "http.response.body", "body": b"x", "more_body": True})
@@ -63,12 +80,7 @@ async def test_a_write_that_blocks_after_stopping_began_is_closed(monkeypatch: A
             stopped.set()
 
         binds = await outer.start(run)
-        host, port = binds[0].removeprefix("http://").rsplit(":", 1)
-        sock = trio.socket.socket()
-        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
-        await sock.connect((host, int(port)))
-        client = trio.SocketStream(sock)
-        await client.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        client = await _client_that_never_reads(binds[0])
         with trio.fail_after(DEADLINE_S):
             await responding.wait()
         server_scope.cancel()  # stop, as the drain does; the client never reads
@@ -85,11 +97,8 @@ async def test_a_triggered_stop_closes_a_write_still_blocked_after_the_graceful_
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
+            await _lifespan(receive, send)
+            return
         head = [(b"content-length", str(BIG).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": head})
         responding.set()
@@ -110,12 +119,7 @@ async def test_a_triggered_stop_closes_a_write_still_blocked_after_the_graceful_
             stopped.set()
 
         binds = await outer.start(run)
-        host, port = binds[0].removeprefix("http://").rsplit(":", 1)
-        sock = trio.socket.socket()
-        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
-        await sock.connect((host, int(port)))
-        client = trio.SocketStream(sock)
-        await client.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        client = await _client_that_never_reads(binds[0])
         with trio.fail_after(DEADLINE_S):
             await responding.wait()
         stop.set()  # the client never reads
