@@ -13,6 +13,7 @@ from typing import Protocol
 import attrs
 
 from smg_trio.gateway.openai.errors import EngineRequestFailed, engine_failure
+from smg_trio.parsers.tools import ToolCallDelta
 from smg_trio.protocol.types import EngineOutput, TokenLogprobs
 from smg_trio.tokenizer import IncrementalDetokenizer, ReasoningParser, StopMatcher, Tokenizer
 
@@ -81,10 +82,10 @@ class LogprobRun:
 
 class TextDelta:
     """What one feed produced for a choice: ``text`` (content), ``reasoning``, the
-    ``logprobs`` of the tokens this text covers, and ``finish_reason``/``stop_reason`` on the
-    last delta."""
+    ``tool_calls`` deltas (with a tool-call parser), the ``logprobs`` of the tokens this text
+    covers, and ``finish_reason``/``stop_reason`` on the last delta."""
 
-    __slots__ = ("finish_reason", "logprobs", "reasoning", "stop_reason", "text")
+    __slots__ = ("finish_reason", "logprobs", "reasoning", "stop_reason", "text", "tool_calls")
 
     def __init__(
         self,
@@ -93,7 +94,9 @@ class TextDelta:
         logprobs: LogprobRun | None,
         finish_reason: str | None,
         stop_reason: int | str | None,
+        tool_calls: list[ToolCallDelta] | None = None,
     ) -> None:
+        self.tool_calls: list[ToolCallDelta] = [] if tool_calls is None else tool_calls
         self.text = text
         self.reasoning = reasoning
         self.logprobs = logprobs
