@@ -1,0 +1,1 @@
+"""Tool-call cases, one module per format family; each module exposes ``CASES``."""
