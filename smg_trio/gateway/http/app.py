@@ -22,10 +22,11 @@ from smg_trio.gateway.http.fastroute import InferenceRoutes
 from smg_trio.gateway.http.health import health, liveness, readiness
 from smg_trio.gateway.http.metrics import GatewayMetrics
 from smg_trio.gateway.http.openapi import OPERATIONS, Operation, openapi_document
-from smg_trio.gateway.http.routes import Route, inference_routes
+from smg_trio.gateway.http.routes import UNSERVED_PREFIXES, Route, inference_routes
 from smg_trio.gateway.http.sse import StreamBody
 from smg_trio.gateway.openai.errors import ApiError, to_api_error
 from smg_trio.gateway.openai.models import model_detail, model_list
+from smg_trio.gateway.openai.tokens import VersionResponse
 from smg_trio.gateway.server.asgi_guard import RequestGuard
 from smg_trio.gateway.server.asgi_shield import ShieldedFinish
 from smg_trio.gateway.server.direct import SERVER_SEND_KEY, DirectSocket
@@ -186,11 +187,41 @@ def create_app(
     async def openapi() -> Response:
         return Response(openapi_body, status=200, content_type=JSON_TYPE)
 
+    version_body = msgspec.json.encode(VersionResponse(__version__))
+
+    @app.get("/version")
+    async def version() -> Response:
+        return Response(version_body, status=200, content_type=JSON_TYPE)
+
+    served_list: list[str] = []
+
+    def served_endpoints() -> str:
+        if not served_list:
+            rules = {
+                (method, rule.rule.replace("<path:", "{").replace("<", "{").replace(">", "}"))
+                for rule in app.url_map.iter_rules()
+                for method in rule.methods or ()
+                if method in ("GET", "POST", "DELETE")
+            }
+            served_list.extend(f"{m} {p}" for p, m in sorted((p, m) for m, p in rules))
+        return ", ".join(served_list)
+
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
         code = {404: "not_found", 405: "method_not_allowed"}.get(status)
-        err = ApiError(status, exc.description or exc.name, code=code)
+        message = exc.description or exc.name
+        if status == 404:
+            path = _current().path
+            known = next(
+                (p for p in UNSERVED_PREFIXES if path == p or path.startswith(p + "/")), None
+            )
+            if known is not None:
+                status, code = 501, "not_implemented"
+                message = f"{known} is not served by this gateway (smg_trio serves text generation)"
+            else:
+                message = f"no endpoint {path!r}; served endpoints: {served_endpoints()}"
+        err = ApiError(status, message, code=code)
         resp = json_response(status, err.body(), gw.request_id(_current()))
         if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
             resp.headers["Allow"] = ", ".join(sorted(exc.valid_methods))  # RFC 9110 15.5.6

@@ -28,6 +28,7 @@ from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.errors import (
     ApiError,
     EngineRequestFailed,
+    Envelope,
     model_not_found,
     to_api_error,
 )
@@ -135,10 +136,15 @@ class Gateway:
                 return str(value)
         return _random_id()
 
-    def check_auth(self, request: Request | AsgiRequest) -> None:
-        """401 unless the bearer token matches the configured API key (if any)."""
+    def check_auth(self, request: Request | AsgiRequest, *, x_api_key: bool = False) -> None:
+        """401 unless the bearer token matches the configured API key (if any); with
+        ``x_api_key`` (Anthropic's routes) an ``x-api-key`` header holding the key also does."""
         if self._api_key is None:
             return
+        if x_api_key:
+            given = request.headers.get("x-api-key")
+            if given is not None and hmac.compare_digest(given.strip().encode(), self._api_key):
+                return
         if not bearer_matches(request.headers.get("authorization", ""), self._api_key):
             raise ApiError(
                 401,
@@ -192,9 +198,19 @@ class RequestCall:
     """
 
     def __init__(
-        self, gw: Gateway, request: Request | AsgiRequest, endpoint: str, id_prefix: str
+        self,
+        gw: Gateway,
+        request: Request | AsgiRequest,
+        endpoint: str,
+        id_prefix: str,
+        *,
+        envelope: Envelope | None = None,
+        x_api_key: bool = False,
     ) -> None:
         self.gw = gw
+        #: The error body of this API (OpenAI's unless it has its own).
+        self.envelope: Envelope = envelope or ApiError.body
+        self._x_api_key = x_api_key
         self.endpoint = endpoint
         self.request = request
         self.request_id = gw.request_id(request)
@@ -230,7 +246,7 @@ class RequestCall:
         are bounded by the admission limits (an upload is bounded in time by the body
         timeout). While draining: 503 before the body is read, so a stopping gateway spends
         nothing (reading, tokenizing) on requests it will refuse."""
-        self.gw.check_auth(self.request)
+        self.gw.check_auth(self.request, x_api_key=self._x_api_key)
         if self.gw.backend.draining:
             raise ApiError(503, "the gateway is shutting down", code="draining")
         mime = (self.request.mimetype or "").lower()
@@ -337,7 +353,7 @@ class RequestCall:
         """The JSON error response for ``exc`` (closes the call)."""
         err = to_api_error(exc)
         self.close(err.status, err.detail.code, exc)
-        return json_response(err.status, err.body(), self.request_id, err.headers)
+        return json_response(err.status, self.envelope(err), self.request_id, err.headers)
 
     def ok_response(self, payload: msgspec.Struct) -> Response:
         """A 200 JSON response (closes the call)."""

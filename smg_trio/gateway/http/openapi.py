@@ -17,6 +17,13 @@ from smg_trio.gateway.openai.schemas import (
     ModelCard,
     ModelList,
 )
+from smg_trio.gateway.openai.tokens import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
 
 __all__ = ["OPERATIONS", "Operation", "openapi_document"]
 
@@ -80,6 +87,59 @@ OPERATIONS: tuple[Operation, ...] = (
         response=Completion,
         stream=True,
         errors=_INFERENCE_ERRORS,
+    ),
+    Operation(
+        "post",
+        "/v1/tokenize",
+        "tokenize",
+        "Tokenize a prompt or chat messages (vLLM's shape; also at /tokenize)",
+        "api",
+        "vllm",
+        request=TokenizeRequest,
+        response=TokenizeResponse,
+        errors=("400", "401", "404", "413", "415", "429"),
+    ),
+    Operation(
+        "post",
+        "/tokenize",
+        "tokenizeVllm",
+        "Tokenize (vLLM's path)",
+        "api",
+        "vllm",
+        request=TokenizeRequest,
+        response=TokenizeResponse,
+        errors=("400", "401", "404", "413", "415", "429"),
+    ),
+    Operation(
+        "post",
+        "/v1/detokenize",
+        "detokenize",
+        "Decode token ids (vLLM's shape; also at /detokenize); an id outside the vocabulary is a 400",
+        "api",
+        "vllm",
+        request=DetokenizeRequest,
+        response=DetokenizeResponse,
+        errors=("400", "401", "404", "413", "415", "429"),
+    ),
+    Operation(
+        "post",
+        "/detokenize",
+        "detokenizeVllm",
+        "Decode token ids (vLLM's path)",
+        "api",
+        "vllm",
+        request=DetokenizeRequest,
+        response=DetokenizeResponse,
+        errors=("400", "401", "404", "413", "415", "429"),
+    ),
+    Operation(
+        "get",
+        "/version",
+        "version",
+        "The gateway's version",
+        "public",
+        "probes",
+        response=VersionResponse,
     ),
     Operation(
         "get", "/v1/models", "listModels", "The served models", "api", "openai", response=ModelList

@@ -10,14 +10,21 @@ from quart import Request, Response
 
 from smg_trio.gateway.http.call import Gateway, RequestCall
 from smg_trio.gateway.http.handler import handle
+from smg_trio.gateway.http.utility import utility_route
 from smg_trio.gateway.openai.api import InferenceApi
 from smg_trio.gateway.openai.chat import CHAT
 from smg_trio.gateway.openai.completions import COMPLETIONS
+from smg_trio.gateway.openai.tokens import (
+    DetokenizeRequest,
+    TokenizeRequest,
+    detokenize,
+    tokenize,
+)
 
 if TYPE_CHECKING:
     from smg_trio.gateway.http.fastroute import AsgiRequest
 
-__all__ = ["INFERENCE_APIS", "Route", "inference_routes"]
+__all__ = ["INFERENCE_APIS", "UNSERVED_PREFIXES", "Route", "inference_routes"]
 
 #: ``POST`` path -> the API served there. A new API is a new module in ``openai/`` and a row.
 INFERENCE_APIS: tuple[tuple[str, InferenceApi[Any]], ...] = (
@@ -36,6 +43,38 @@ def _route(gw: Gateway, api: InferenceApi[Any]) -> Route:
     return route
 
 
+#: OpenAI/vLLM endpoints this gateway knows of and does not serve: a 501 saying so (a path
+#: equal to one, or under it), not a 404.
+UNSERVED_PREFIXES: tuple[str, ...] = (
+    "/v1/embeddings",
+    "/v1/audio",
+    "/v1/images",
+    "/v1/moderations",
+    "/v1/files",
+    "/v1/uploads",
+    "/v1/batches",
+    "/v1/fine_tuning",
+    "/v1/assistants",
+    "/v1/threads",
+    "/v1/vector_stores",
+    "/v1/realtime",
+    "/v1/conversations",
+    "/v1/score",
+    "/v1/rerank",
+    "/score",
+    "/rerank",
+    "/pooling",
+    "/classify",
+    "/invocations",
+)
+
+
 def inference_routes(gw: Gateway) -> dict[str, Route]:
-    """Each inference path's route on ``gw``."""
-    return {path: _route(gw, api) for path, api in INFERENCE_APIS}
+    """Each ``POST`` path's route on ``gw``: the inference APIs, then the engine-free ones
+    (``/tokenize`` and ``/detokenize``, also under ``/v1``, as vLLM and smg spell them)."""
+    routes: dict[str, Route] = {path: _route(gw, api) for path, api in INFERENCE_APIS}
+    tok = utility_route(gw, "tokenize", TokenizeRequest, tokenize)
+    detok = utility_route(gw, "detokenize", DetokenizeRequest, detokenize)
+    routes.update({"/tokenize": tok, "/v1/tokenize": tok})
+    routes.update({"/detokenize": detok, "/v1/detokenize": detok})
+    return routes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import msgspec
 import trio
@@ -21,6 +22,8 @@ from smg_trio.protocol.types import EngineError
 
 __all__ = [
     "ApiError",
+    "Envelope",
+    "anthropic_envelope",
     "EngineRequestFailed",
     "RETRY_AFTER_S",
     "engine_failure",
@@ -129,6 +132,43 @@ class ApiError(Exception):
     def body(self) -> bytes:
         """The JSON envelope."""
         return msgspec.json.encode(ErrorBody(self.detail))
+
+
+#: Renders an error response body (OpenAI's envelope, ``ApiError.body``, unless an API has
+#: its own: Anthropic's for ``/v1/messages``).
+Envelope = Callable[[ApiError], bytes]
+
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+class _AnthropicDetail(msgspec.Struct):
+    type: str
+    message: str
+
+
+class _AnthropicError(msgspec.Struct):
+    error: _AnthropicDetail
+    type: str = "error"
+
+
+def anthropic_envelope(err: ApiError) -> bytes:
+    """Anthropic's error envelope ``{"type": "error", "error": {"type", "message"}}``; the
+    HTTP status is the same as for OpenAI's (400, 401, 404, 413, 429, 500, 503)."""
+    kind = _ANTHROPIC_TYPES.get(
+        err.status, "invalid_request_error" if err.status < 500 else "api_error"
+    )
+    message = err.detail.message
+    if err.detail.param and err.detail.param not in message:
+        message = f"{err.detail.param}: {message}"
+    return msgspec.json.encode(_AnthropicError(_AnthropicDetail(kind, message)))
 
 
 def model_not_found(model: str) -> ApiError:
