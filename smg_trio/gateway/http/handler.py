@@ -9,7 +9,7 @@ from smg_trio.gateway.http.call import RequestCall
 from smg_trio.gateway.http.sse import sse_response, sse_whole
 from smg_trio.gateway.openai.api import B, InferenceApi
 from smg_trio.gateway.openai.fanout import run_all
-from smg_trio.gateway.openai.framing import DONE
+from smg_trio.gateway.openai.framing import stream_done
 from smg_trio.gateway.openai.textgen import ChoiceCollector
 from smg_trio.gateway.openai.translate import check_data_parallel_rank
 
@@ -33,7 +33,7 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
             if not job.stream:
                 return call.ok_response(job.result(None))
             renderer = job.renderer()
-            return sse_whole(call, renderer.start() + renderer.end() + DONE)
+            return sse_whole(call, renderer.start() + renderer.end() + stream_done(renderer))
         client = (await call.lease(served.model_id)).client
         check_data_parallel_rank(job.data_parallel_rank, client.ranks)
         if job.stream:

@@ -9,6 +9,12 @@ import attrs
 import msgspec
 
 from smg_trio.gateway.openai.errors import ErrorBody
+from smg_trio.gateway.openai.messages_schemas import (
+    AnthropicMessage,
+    CountTokensRequest,
+    CountTokensResponse,
+    MessagesRequest,
+)
 from smg_trio.gateway.openai.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -87,6 +93,30 @@ OPERATIONS: tuple[Operation, ...] = (
         response=Completion,
         stream=True,
         errors=_INFERENCE_ERRORS,
+    ),
+    Operation(
+        "post",
+        "/v1/messages",
+        "createMessage",
+        "Anthropic Messages; streams Anthropic's events with stream=true; errors in "
+        "Anthropic's envelope; x-api-key or bearer auth",
+        "api",
+        "anthropic",
+        request=MessagesRequest,
+        response=AnthropicMessage,
+        stream=True,
+        errors=_INFERENCE_ERRORS,
+    ),
+    Operation(
+        "post",
+        "/v1/messages/count_tokens",
+        "countMessageTokens",
+        "Anthropic Messages: the prompt's input_tokens",
+        "api",
+        "anthropic",
+        request=CountTokensRequest,
+        response=CountTokensResponse,
+        errors=("400", "401", "404", "413", "415", "429"),
     ),
     Operation(
         "post",

@@ -14,6 +14,9 @@ from smg_trio.gateway.http.utility import utility_route
 from smg_trio.gateway.openai.api import InferenceApi
 from smg_trio.gateway.openai.chat import CHAT
 from smg_trio.gateway.openai.completions import COMPLETIONS
+from smg_trio.gateway.openai.errors import anthropic_envelope
+from smg_trio.gateway.openai.messages import MESSAGES, count_tokens
+from smg_trio.gateway.openai.messages_schemas import CountTokensRequest
 from smg_trio.gateway.openai.tokens import (
     DetokenizeRequest,
     TokenizeRequest,
@@ -30,6 +33,7 @@ __all__ = ["INFERENCE_APIS", "UNSERVED_PREFIXES", "Route", "inference_routes"]
 INFERENCE_APIS: tuple[tuple[str, InferenceApi[Any]], ...] = (
     ("/v1/chat/completions", CHAT),
     ("/v1/completions", COMPLETIONS),
+    ("/v1/messages", MESSAGES),
 )
 
 #: A route: the request (Quart's or the fast path's) in, the response out.
@@ -38,7 +42,15 @@ Route = Callable[["Request | AsgiRequest"], Awaitable[Response]]
 
 def _route(gw: Gateway, api: InferenceApi[Any]) -> Route:
     async def route(request: Request | AsgiRequest) -> Response:
-        return await handle(api, RequestCall(gw, request, api.name, api.id_prefix))
+        call = RequestCall(
+            gw,
+            request,
+            api.name,
+            api.id_prefix,
+            envelope=getattr(api, "envelope", None),
+            x_api_key=bool(getattr(api, "x_api_key", False)),
+        )
+        return await handle(api, call)
 
     return route
 
@@ -77,4 +89,12 @@ def inference_routes(gw: Gateway) -> dict[str, Route]:
     detok = utility_route(gw, "detokenize", DetokenizeRequest, detokenize)
     routes.update({"/tokenize": tok, "/v1/tokenize": tok})
     routes.update({"/detokenize": detok, "/v1/detokenize": detok})
+    routes["/v1/messages/count_tokens"] = utility_route(
+        gw,
+        "messages_count_tokens",
+        CountTokensRequest,
+        count_tokens,
+        envelope=anthropic_envelope,
+        x_api_key=True,
+    )
     return routes

@@ -26,7 +26,7 @@ from smg_trio.connector.stream import RequestStream
 from smg_trio.gateway.http.call import SSE_HEADERS, RequestCall
 from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.gateway.openai.fanout import SubRequest, drive, take_outputs
-from smg_trio.gateway.openai.framing import DONE, StreamRenderer, error_event
+from smg_trio.gateway.openai.framing import StreamRenderer, stream_done, stream_error
 from smg_trio.gateway.openai.textgen import TextDelta
 from smg_trio.gateway.server.direct import DirectSocket
 
@@ -53,6 +53,7 @@ class StreamBody(ResponseBody):
         self._client = client
         self._subs = subs
         self._renderer = renderer
+        self._done = stream_done(renderer)
         self._state = _START
         self._error: BaseException | None = None
         # n == 1: the writer owns the generate block.
@@ -148,7 +149,7 @@ class StreamBody(ResponseBody):
             self._state = _RUN
             if self._error is not None:  # the submit failed: no role chunk, just the error
                 self._state = _DONE
-                return error_event(self._error) + DONE
+                return stream_error(self._renderer, self._error) + self._done
             head = self._renderer.start()
             if head:
                 return head
@@ -164,7 +165,7 @@ class StreamBody(ResponseBody):
                 scope.cancel()
             pending = b"".join(self._outbox)
             self._outbox.clear()
-            return pending + error_event(exc) + DONE
+            return pending + stream_error(self._renderer, exc) + self._done
 
     async def _next_single(self) -> bytes:
         """n == 1: the engine output loop renders every batch (:meth:`_on_ready`) and, once
@@ -224,7 +225,7 @@ class StreamBody(ResponseBody):
             if pipeline.done:
                 # The last frames go out now too; the writer task only ends the response
                 # (and ABORTs the engine after a gateway-side stop).
-                self._write_or_queue(data + self._renderer.end() + DONE)
+                self._write_or_queue(data + self._renderer.end() + self._done)
                 self._ended = True
                 self._lot.unpark_all()
                 return
@@ -261,11 +262,11 @@ class StreamBody(ResponseBody):
                 self._outbox.clear()
                 if self._remaining == 0:
                     self._state = _DONE
-                    data += self._renderer.end() + DONE
+                    data += self._renderer.end() + self._done
                 return data
             if self._remaining == 0:
                 self._state = _DONE
-                return self._renderer.end() + DONE
+                return self._renderer.end() + self._done
             await self._lot.park()
 
     async def _run_sub(self, sub: SubRequest, scope: trio.CancelScope) -> None:

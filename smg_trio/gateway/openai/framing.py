@@ -11,7 +11,7 @@ from smg_trio.gateway.openai.fanout import SubRequest
 from smg_trio.gateway.openai.schemas import Usage
 from smg_trio.gateway.openai.textgen import TextDelta
 
-__all__ = ["DONE", "ChunkFramer", "StreamRenderer", "error_event"]
+__all__ = ["DONE", "ChunkFramer", "StreamRenderer", "error_event", "stream_done", "stream_error"]
 
 #: The stream terminator, sent exactly once, last.
 DONE = b"data: [DONE]\n\n"
@@ -67,3 +67,20 @@ class StreamRenderer(Protocol):
 
     def end(self) -> bytes:
         """Frames after every choice finished (the usage chunk, if asked), before ``[DONE]``."""
+
+
+def stream_done(renderer: StreamRenderer) -> bytes:
+    """What ends ``renderer``'s stream: its ``done`` bytes when it has them (Anthropic's and
+    the Responses API's streams end with their last event), else ``[DONE]``."""
+    done = getattr(renderer, "done", DONE)
+    assert isinstance(done, bytes)
+    return done
+
+
+def stream_error(renderer: StreamRenderer, exc: BaseException) -> bytes:
+    """The error event of ``renderer``'s API for ``exc`` after the 200 was sent (its
+    ``error_event`` method when it has one, else OpenAI's ``data: {"error": ...}``)."""
+    own = getattr(renderer, "error_event", None)
+    data = error_event(exc) if own is None else own(exc)
+    assert isinstance(data, bytes)
+    return data

@@ -282,10 +282,11 @@ class ChoiceCollector:
     """Accumulates the deltas of ``n`` choices (non-streaming); ``on_delta`` is the
     ``fanout`` callback, choices are addressed by their pipeline ``index``."""
 
-    __slots__ = ("logprobs", "reasoning", "text")
+    __slots__ = ("logprobs", "reasoning", "text", "tool_calls")
 
     def __init__(self, n: int) -> None:
         self.text: list[list[str]] = [[] for _ in range(n)]
+        self.tool_calls: list[list[ToolCallDelta]] = [[] for _ in range(n)]
         self.reasoning: list[list[str]] = [[] for _ in range(n)]
         self.logprobs: list[list[LogprobRun]] = [[] for _ in range(n)]
 
@@ -295,6 +296,8 @@ class ChoiceCollector:
             self.text[i].append(delta.text)
         if delta.reasoning:
             self.reasoning[i].append(delta.reasoning)
+        if delta.tool_calls:
+            self.tool_calls[i].extend(delta.tool_calls)
         if delta.logprobs is not None and len(delta.logprobs):
             self.logprobs[i].append(delta.logprobs)
 

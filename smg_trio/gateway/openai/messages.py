@@ -1,0 +1,427 @@
+"""Anthropic Messages (``POST /v1/messages``): the request becomes a chat request (system,
+content blocks, tools, ``tool_choice``) checked and planned by the chat API itself; its one
+choice is rendered as Anthropic's ``message`` or its event stream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import msgspec
+
+from smg_trio.backend import ServedModel
+from smg_trio.errors import ValidationError
+from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.openai.api import ResponseIds
+from smg_trio.gateway.openai.calls import call_input, merge_calls, new_call_id
+from smg_trio.gateway.openai.chat import CHAT, ChatDraft, ChatJob
+from smg_trio.gateway.openai.errors import anthropic_envelope, to_api_error
+from smg_trio.gateway.openai.fanout import SubRequest
+from smg_trio.gateway.openai.messages_schemas import (
+    AnthropicMessage,
+    AnthropicUsage,
+    CountTokensRequest,
+    CountTokensResponse,
+    MessagesRequest,
+)
+from smg_trio.gateway.openai.schemas import ChatCompletionRequest
+from smg_trio.gateway.openai.textgen import ChoiceCollector, TextDelta
+
+__all__ = ["MESSAGES", "MessagesApi", "count_tokens", "to_chat_messages"]
+
+_encode = msgspec.json.encode
+
+
+def _bad(message: str, param: str, code: str = "invalid_value") -> ValidationError:
+    return ValidationError(message, param=param, code=code)
+
+
+def _text_of(content: Any, param: str) -> str:
+    """The text of a string or a list of ``text`` blocks."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad("content must be a string or a list of blocks", param, "invalid_type")
+    parts = []
+    for j, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind != "text" or not isinstance(block.get("text"), str):
+            raise _bad(f"only text blocks are supported here, got {kind!r}", f"{param}[{j}].type")
+        parts.append(block["text"])
+    return "".join(parts)
+
+
+def _user_blocks(content: list[Any], param: str) -> list[dict[str, Any]]:
+    """A user turn's blocks: ``tool_result`` blocks become ``tool`` messages (first, as
+    templates expect them right after the assistant's calls), text the user message."""
+    tools: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for j, block in enumerate(content):
+        where = f"{param}[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(_text_of([block], where))
+        elif kind == "tool_result":
+            if not isinstance(block.get("tool_use_id"), str):
+                raise _bad("tool_result needs a tool_use_id", f"{where}.tool_use_id")
+            raw = block.get("content", "")
+            text = _text_of(raw, f"{where}.content")
+            if block.get("is_error"):
+                text = f"Error: {text}"
+            tools.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
+        else:
+            raise _bad(f"content block type {kind!r} is not supported in a user turn", where)
+    out = tools
+    if texts:
+        out.append({"role": "user", "content": "".join(texts)})
+    return out
+
+
+def _assistant_blocks(content: list[Any], param: str) -> dict[str, Any]:
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(content):
+        where = f"{param}[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(_text_of([block], where))
+        elif kind == "thinking":
+            thinking.append(str(block.get("thinking", "")))
+        elif kind == "redacted_thinking":
+            continue
+        elif kind == "tool_use":
+            if not isinstance(block.get("name"), str) or not isinstance(block.get("id"), str):
+                raise _bad("tool_use needs a string id and name", where)
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {
+                        "name": block["name"],
+                        "arguments": json.dumps(block.get("input", {})),
+                    },
+                }
+            )
+        else:
+            raise _bad(f"content block type {kind!r} is not supported in an assistant turn", where)
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if thinking:
+        msg["reasoning_content"] = "".join(thinking)
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def to_chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
+    """Anthropic's ``system`` and ``messages`` as chat messages. Raises ``ValidationError``
+    (400 naming the block) for a role or block this gateway cannot render."""
+    out: list[dict[str, Any]] = []
+    if body.system is not None:
+        system = _text_of(body.system, "system")
+        if system:
+            out.append({"role": "system", "content": system})
+    if not body.messages:
+        raise _bad("messages must contain at least one message", "messages")
+    for i, msg in enumerate(body.messages):
+        param = f"messages[{i}]"
+        role = msg.get("role")
+        content = msg.get("content")
+        if role not in ("user", "assistant"):
+            raise _bad(f"role must be 'user' or 'assistant', got {role!r}", f"{param}.role")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+        elif isinstance(content, list):
+            if role == "user":
+                out.extend(_user_blocks(content, f"{param}.content"))
+            else:
+                out.append(_assistant_blocks(content, f"{param}.content"))
+        else:
+            raise _bad("content must be a string or a list of blocks", f"{param}.content")
+    return out
+
+
+def _chat_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:
+    if not body.tools:
+        return None
+    tools = []
+    for i, tool in enumerate(body.tools):
+        kind = tool.get("type")
+        if kind not in (None, "custom"):  # Anthropic's server tools (web_search, bash...)
+            raise _bad(f"tool type {kind!r} is not supported", f"tools[{i}].type")
+        fn: dict[str, Any] = {"name": tool.get("name"), "parameters": tool.get("input_schema")}
+        if tool.get("description") is not None:
+            fn["description"] = tool["description"]
+        tools.append({"type": "function", "function": fn})
+    return tools
+
+
+def _chat_tool_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """Anthropic's ``tool_choice`` in chat's terms: ``auto``, ``none``, ``any`` = required,
+    ``tool`` = the named function."""
+    if choice is None:
+        return None
+    kind = choice.get("type")
+    if kind in ("auto", "none"):
+        return str(kind)
+    if kind == "any":
+        return "required"
+    if kind == "tool":
+        if not isinstance(choice.get("name"), str):
+            raise _bad("tool_choice type 'tool' needs a name", "tool_choice.name")
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise _bad(
+        f"tool_choice.type must be auto, any, tool or none, got {kind!r}", "tool_choice.type"
+    )
+
+
+def _template_kwargs(thinking: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``thinking`` as the chat template's ``enable_thinking`` (Qwen3's and DeepSeek's
+    switch); the token budget is not enforced separately (``max_tokens`` bounds both)."""
+    if thinking is None:
+        return None
+    kind = thinking.get("type")
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise _bad(f"thinking.type must be enabled or disabled, got {kind!r}", "thinking.type")
+    return {"enable_thinking": kind != "disabled"}
+
+
+def count_tokens(body: CountTokensRequest, served: ServedModel) -> CountTokensResponse:
+    """The prompt's token count, as ``/v1/messages`` would render and encode it."""
+    tok = served.tokenizer
+    prompt = tok.apply_chat_template(
+        to_chat_messages(body),
+        tools=_chat_tools(body),
+        add_generation_prompt=True,
+        chat_template_kwargs=_template_kwargs(body.thinking),
+    )
+    return CountTokensResponse(len(tok.encode(prompt)))
+
+
+def _sse(event: str, payload: Any) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + _encode(payload) + b"\n\n"
+
+
+def _stop(
+    finish: str | None, stop_reason: int | str | None, stops: Sequence[str], calls: bool
+) -> tuple[str, str | None]:
+    """``(stop_reason, stop_sequence)`` of Anthropic's message."""
+    if calls:
+        return "tool_use", None
+    if finish == "length":
+        return "max_tokens", None
+    if isinstance(stop_reason, str) and stop_reason in stops:
+        return "stop_sequence", stop_reason
+    return "end_turn", None
+
+
+class MessagesApi:
+    """``POST /v1/messages``."""
+
+    name = "messages"
+    id_prefix = "msg_"
+    body_type = MessagesRequest
+    #: Errors on this route use Anthropic's envelope, and ``x-api-key`` authenticates.
+    envelope = staticmethod(anthropic_envelope)
+    x_api_key = True
+
+    def check(
+        self, body: MessagesRequest, served: ServedModel, config: GatewayHttpConfig
+    ) -> MessagesDraft:
+        """The chat request this is, checked by the chat API."""
+        chat = ChatCompletionRequest(
+            model=body.model,
+            messages=to_chat_messages(body),
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            stop=body.stop_sequences,
+            stream=bool(body.stream),
+            tools=_chat_tools(body),
+            tool_choice=_chat_tool_choice(body.tool_choice),
+            chat_template_kwargs=_template_kwargs(body.thinking),
+        )
+        stops = tuple(body.stop_sequences or ())
+        return MessagesDraft(CHAT.check(chat, served, config), stops)
+
+
+#: The Anthropic Messages API.
+MESSAGES = MessagesApi()
+
+
+@attrs.frozen
+class MessagesDraft:
+    """A checked Messages request: the chat draft it wraps."""
+
+    chat: ChatDraft
+    stops: tuple[str, ...]
+
+    def tokenize(self) -> tuple[str, list[int]]:
+        return self.chat.tokenize()
+
+    def build(self, tokens: tuple[str, list[int]], ids: ResponseIds) -> MessagesJob:
+        return MessagesJob(self.chat.build(tokens, ids), self.stops)
+
+
+@attrs.frozen
+class MessagesJob:
+    """A planned Messages request (see :class:`~smg_trio.gateway.openai.api.Job`)."""
+
+    chat: ChatJob
+    stops: tuple[str, ...]
+    answered: bool = False
+
+    @property
+    def subs(self) -> list[SubRequest]:
+        return self.chat.subs
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.chat.prompt_tokens
+
+    @property
+    def stream(self) -> bool:
+        return self.chat.stream
+
+    @property
+    def data_parallel_rank(self) -> int | None:
+        return self.chat.data_parallel_rank
+
+    def renderer(self) -> MessagesStreamRenderer:
+        return MessagesStreamRenderer(self)
+
+    def result(self, collected: ChoiceCollector | None) -> AnthropicMessage:
+        """The ``message``: thinking, text and ``tool_use`` blocks."""
+        assert collected is not None
+        pipeline = self.subs[0].pipeline
+        content: list[dict[str, Any]] = []
+        reasoning = "".join(collected.reasoning[0])
+        if reasoning:
+            content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+        text = "".join(collected.text[0])
+        calls = merge_calls(collected.tool_calls[0], "toolu_")
+        if text or not calls:
+            content.append({"type": "text", "text": text})
+        for call in calls:
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": call.id,
+                    "name": call.name,
+                    "input": call_input(call.arguments),
+                }
+            )
+        reason, sequence = _stop(
+            pipeline.finish_reason, pipeline.stop_reason, self.stops, bool(calls)
+        )
+        return AnthropicMessage(
+            id=self.chat.ids.response_id,
+            model=self.chat.served.model_id,
+            content=content,
+            stop_reason=reason,
+            stop_sequence=sequence,
+            usage=AnthropicUsage(self.prompt_tokens, pipeline.completion_tokens),
+        )
+
+
+class MessagesStreamRenderer:
+    """Anthropic's events: ``message_start`` and ``ping``, then per content block
+    ``content_block_start``, its ``content_block_delta``s (``thinking_delta``, ``text_delta``,
+    ``input_json_delta``) and ``content_block_stop``, then ``message_delta`` (stop reason,
+    output tokens) and ``message_stop``. No ``[DONE]``; an error is an ``error`` event."""
+
+    done = b""
+
+    def __init__(self, job: MessagesJob) -> None:
+        self._job = job
+        self._index = -1  # the open block's index
+        self._open: str | None = None  # "thinking", "text", ("tool", index)
+        self._open_call: int | None = None
+        self._calls = False
+
+    def start(self) -> bytes:
+        job = self._job
+        message: dict[str, Any] = {
+            "id": job.chat.ids.response_id,
+            "type": "message",
+            "role": "assistant",
+            "model": job.chat.served.model_id,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": job.prompt_tokens, "output_tokens": 0},
+        }
+        return _sse("message_start", {"type": "message_start", "message": message}) + _sse(
+            "ping", {"type": "ping"}
+        )
+
+    def _close(self) -> bytes:
+        if self._open is None:
+            return b""
+        self._open = None
+        self._open_call = None
+        return _sse("content_block_stop", {"type": "content_block_stop", "index": self._index})
+
+    def _begin(self, kind: str, block: dict[str, Any]) -> bytes:
+        out = self._close()
+        self._index += 1
+        self._open = kind
+        event = {"type": "content_block_start", "index": self._index, "content_block": block}
+        return out + _sse("content_block_start", event)
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        event = {"type": "content_block_delta", "index": self._index, "delta": delta}
+        return _sse("content_block_delta", event)
+
+    def delta(self, sub: SubRequest, delta: TextDelta) -> bytes:
+        out: list[bytes] = []
+        if delta.reasoning:
+            if self._open != "thinking":
+                out.append(self._begin("thinking", {"type": "thinking", "thinking": ""}))
+            out.append(self._delta({"type": "thinking_delta", "thinking": delta.reasoning}))
+        if delta.text:
+            if self._open != "text":
+                out.append(self._begin("text", {"type": "text", "text": ""}))
+            out.append(self._delta({"type": "text_delta", "text": delta.text}))
+        for call in delta.tool_calls:
+            if self._open != "tool_use" or self._open_call != call.index:
+                self._calls = True
+                block = {
+                    "type": "tool_use",
+                    "id": call.id or new_call_id("toolu_"),
+                    "name": call.name or "",
+                    "input": {},
+                }
+                out.append(self._begin("tool_use", block))
+                self._open_call = call.index
+            if call.arguments:
+                out.append(
+                    self._delta({"type": "input_json_delta", "partial_json": call.arguments})
+                )
+        return b"".join(out)
+
+    def end(self) -> bytes:
+        job = self._job
+        pipeline = job.subs[0].pipeline
+        out = self._close()
+        if self._index < 0:  # no block at all: an empty text block, as Anthropic sends
+            out = self._begin("text", {"type": "text", "text": ""}) + self._close()
+        reason, sequence = _stop(
+            pipeline.finish_reason, pipeline.stop_reason, job.stops, self._calls
+        )
+        message_delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": sequence},
+            "usage": {"output_tokens": pipeline.completion_tokens},
+        }
+        return (
+            out
+            + _sse("message_delta", message_delta)
+            + _sse("message_stop", {"type": "message_stop"})
+        )
+
+    def error_event(self, exc: BaseException) -> bytes:
+        return b"event: error\ndata: " + anthropic_envelope(to_api_error(exc)) + b"\n\n"

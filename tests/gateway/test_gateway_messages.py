@@ -1,0 +1,199 @@
+"""POST /v1/messages (Anthropic Messages) through the official anthropic SDK and raw HTTP: the
+message shape, the event stream, stop reasons, tool_use/tool_result turns, count_tokens,
+Anthropic's error envelope and x-api-key."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import anthropic
+import pytest
+import trio
+
+from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.tokenizer import Tokenizer
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def _client(base_url: str, key: str = "x") -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=base_url, api_key=key, max_retries=0)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_anthropic_sdk_create_stream_and_count_tokens(
+    harness: HarnessFactory, tok: Tokenizer
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "Hello", " world", "!")) as h:
+            client = _client(h.base_url)
+            try:
+                msg = await client.messages.create(model="M", max_tokens=8, messages=HI)
+                assert msg.type == "message"
+                assert msg.role == "assistant"
+                assert msg.id.startswith("msg_")
+                assert [b.type for b in msg.content] == ["text"]
+                assert msg.content[0].text == "Hello world!"  # type: ignore[union-attr]
+                assert msg.stop_reason == "end_turn"
+                assert msg.usage.output_tokens == 4
+                rendered = tok.apply_chat_template(HI, add_generation_prompt=True)
+                assert msg.usage.input_tokens == len(tok.encode(rendered))
+
+                async with client.messages.stream(model="M", max_tokens=8, messages=HI) as s:
+                    texts = [t async for t in s.text_stream]
+                    final = await s.get_final_message()
+                assert "".join(texts) == "Hello world!"
+                assert final.content[0].text == "Hello world!"  # type: ignore[union-attr]
+                assert final.stop_reason == "end_turn"
+                assert final.usage.output_tokens == 4
+
+                counted = await client.messages.count_tokens(model="M", messages=HI)
+                assert counted.input_tokens == msg.usage.input_tokens
+            finally:
+                await client.close()
+                gc.collect()
+
+
+async def test_stream_event_sequence_with_ping(harness: HarnessFactory, tok: Tokenizer) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "Hello", " world")) as h:
+            resp = await h.http.post(
+                "/v1/messages",
+                json={"model": "M", "max_tokens": 8, "messages": HI, "stream": True},
+            )
+            assert resp.status_code == 200
+            events = [
+                line.removeprefix("event: ")
+                for line in resp.text.splitlines()
+                if line.startswith("event: ")
+            ]
+            assert events[:3] == ["message_start", "ping", "content_block_start"]
+            assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+            assert set(events[3:-3]) == {"content_block_delta"}
+            assert "[DONE]" not in resp.text
+
+
+@pytest.mark.parametrize(
+    ("body", "reason", "sequence", "text"),
+    [
+        ({"max_tokens": 2}, "max_tokens", None, None),
+        ({"max_tokens": 8, "stop_sequences": [" wor"]}, "stop_sequence", " wor", "Hello"),
+    ],
+)
+async def test_stop_reasons(
+    harness: HarnessFactory,
+    tok: Tokenizer,
+    body: dict[str, Any],
+    reason: str,
+    sequence: str | None,
+    text: str | None,
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "Hello", " world", "!", "?")) as h:
+            resp = await h.post("/v1/messages", {"model": "M", "messages": HI, **body})
+            assert resp.status_code == 200, resp.text
+            out = resp.json()
+            assert out["stop_reason"] == reason
+            assert out["stop_sequence"] == sequence
+            ids = [t for step in steps_of(tok, "Hello", " world", "!", "?") for t in step]
+            assert out["content"][0]["text"] == (text or tok.decode(ids[:2]))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_tool_use_and_tool_result_turns_reach_the_template(
+    harness: HarnessFactory, tok: Tokenizer
+) -> None:
+    tools = [
+        {
+            "name": "get_weather",
+            "description": "The weather",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+        }
+    ]
+    messages: list[Any] = [
+        {"role": "user", "content": "weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me look."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "get_weather",
+                    "input": {"city": "Paris"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "SUNNY-21C"}],
+        },
+    ]
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "It is sunny.")) as h:
+            client = _client(h.base_url)
+            try:
+                msg = await client.messages.create(
+                    model="M", max_tokens=8, messages=messages, tools=tools
+                )
+            finally:
+                await client.close()
+                gc.collect()
+            assert msg.content[0].text == "It is sunny."  # type: ignore[union-attr]
+            prompt = tok.decode(h.engine.requests[-1].prompt_token_ids, skip_special_tokens=False)
+            assert "SUNNY-21C" in prompt
+            assert "Paris" in prompt
+            assert "get_weather" in prompt
+
+
+async def test_errors_use_anthropics_envelope(harness: HarnessFactory) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            missing = await h.post("/v1/messages", {"model": "M", "messages": HI})
+            assert missing.status_code == 400
+            body = missing.json()
+            assert body["type"] == "error"
+            assert body["error"]["type"] == "invalid_request_error"
+            assert "max_tokens" in body["error"]["message"]
+            image = await h.post(
+                "/v1/messages",
+                {
+                    "model": "M",
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": [{"type": "image"}]}],
+                },
+            )
+            assert image.status_code == 400
+            assert "messages[0].content[0]" in image.json()["error"]["message"]
+            unknown = await h.post(
+                "/v1/messages", {"model": "nope", "max_tokens": 4, "messages": HI}
+            )
+            assert unknown.status_code == 404
+            assert unknown.json()["error"]["type"] == "not_found_error"
+
+
+async def test_x_api_key_and_bearer_both_authenticate(harness: HarnessFactory) -> None:
+    body = {"model": "M", "max_tokens": 2, "messages": HI}
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=GatewayHttpConfig(api_key="k")) as h:
+            denied = await h.post("/v1/messages", body, headers={"x-api-key": "wrong"})
+            assert denied.status_code == 401
+            assert denied.json()["error"]["type"] == "authentication_error"
+            for headers in ({"x-api-key": "k"}, {"authorization": "Bearer k"}):
+                ok = await h.post(
+                    "/v1/messages", body, headers={**headers, "anthropic-version": "2023-06-01"}
+                )
+                assert ok.status_code == 200, ok.text
+            count = await h.post(
+                "/v1/messages/count_tokens",
+                {"model": "M", "messages": HI},
+                headers={"x-api-key": "k"},
+            )
+            assert count.status_code == 200
+            # x-api-key is Anthropic's: the OpenAI routes still want the bearer token
+            chat = await h.post(
+                "/v1/chat/completions", {"model": "M", "messages": HI}, headers={"x-api-key": "k"}
+            )
+            assert chat.status_code == 401
