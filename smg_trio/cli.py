@@ -30,6 +30,7 @@ from smg_trio.gateway.config import (
     DEFAULT_PORT,
     DEFAULT_QUEUE_SIZE,
     DEFAULT_QUEUE_TIMEOUT_S,
+    DEFAULT_RESPONSES_STORE_SIZE,
     DEFAULT_WRITE_TIMEOUT_S,
     REQUEST_TOKENS_CONTEXTS,
 )
@@ -176,6 +177,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=_int_at_least(1),
         default=DEFAULT_MAX_N,
         help="largest n accepted (default %(default)s)",
+    )
+    g.add_argument(
+        "--responses-store-size",
+        type=_int_at_least(0),
+        default=DEFAULT_RESPONSES_STORE_SIZE,
+        help="responses kept for GET /v1/responses/{id} and previous_response_id, least "
+        "recently used evicted first; per process; 0 stores none (default %(default)s)",
     )
     g.add_argument(
         "--max-sequences-per-request",
@@ -499,6 +507,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "admin_api_key": args.admin_api_key,
         "reasoning_parser": args.reasoning_parser,
         "max_n": args.max_n,
+        "responses_store_size": args.responses_store_size,
         "max_sequences_per_request": args.max_sequences_per_request,
         "max_tokens_per_request": args.max_tokens_per_request,
         "max_concurrent_requests": args.max_concurrent_requests,

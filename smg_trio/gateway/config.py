@@ -7,6 +7,7 @@ import attrs
 __all__ = [
     "DEFAULT_MAX_CONCURRENT_REQUESTS",
     "DEFAULT_MAX_N",
+    "DEFAULT_RESPONSES_STORE_SIZE",
     "DEFAULT_MAX_SEQUENCES_PER_REQUEST",
     "DEFAULT_QUEUE_SIZE",
     "DEFAULT_QUEUE_TIMEOUT_S",
@@ -28,6 +29,9 @@ DEFAULT_PORT = 8080
 # them from here). See docs/security.md#limits.
 #: The largest ``n`` accepted (OpenAI allows 128); the CLI's ``--max-n`` default.
 DEFAULT_MAX_N = 16
+#: Responses kept in memory for ``GET /v1/responses/{id}`` and ``previous_response_id``
+#: (``--responses-store-size``; least recently used evicted first; per process).
+DEFAULT_RESPONSES_STORE_SIZE = 1000
 #: Most sequences (prompts x ``n``) one request may start: the default prompt limit, so every
 #: batch accepted before with ``n=1`` still is, while 128 prompts x ``n=16`` (2048) is not.
 DEFAULT_MAX_SEQUENCES_PER_REQUEST = 128
@@ -57,6 +61,8 @@ def _positive(_: object, attr: attrs.Attribute[int], value: int) -> None:
 class GatewayHttpConfig:
     """Settings of :func:`~smg_trio.gateway.http.app.create_app`. All limits are inclusive.
 
+      - ``responses_store_size``: responses the Responses API keeps (0: none); see
+        :data:`DEFAULT_RESPONSES_STORE_SIZE`.
       - ``max_n``: the largest ``n`` accepted (default :data:`DEFAULT_MAX_N`). Larger ``n`` is
         a 400 naming ``n``.
       - ``max_top_logprobs``: cap on chat ``top_logprobs`` and completions ``logprobs``
@@ -87,6 +93,7 @@ class GatewayHttpConfig:
     """
 
     max_n: int = attrs.field(default=DEFAULT_MAX_N, validator=_positive)
+    responses_store_size: int = attrs.field(default=DEFAULT_RESPONSES_STORE_SIZE)
     max_top_logprobs: int = attrs.field(default=20)
     max_prompts: int = attrs.field(default=128, validator=_positive)
     max_body_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive)

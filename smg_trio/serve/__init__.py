@@ -89,6 +89,7 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
     return GatewayHttpConfig(
         api_key=config.api_key,
         max_n=config.max_n,
+        responses_store_size=config.responses_store_size,
         max_sequences_per_request=config.max_sequences_per_request,
         max_tokens_per_request=config.max_tokens_per_request,
         max_concurrent_requests=config.max_concurrent_requests,

@@ -13,6 +13,7 @@ from smg_trio.gateway.config import (
     DEFAULT_PORT,
     DEFAULT_QUEUE_SIZE,
     DEFAULT_QUEUE_TIMEOUT_S,
+    DEFAULT_RESPONSES_STORE_SIZE,
     DEFAULT_WRITE_TIMEOUT_S,
 )
 from smg_trio.transport.handshake import READY_TIMEOUT_S
@@ -89,6 +90,7 @@ class GatewayConfig:
     admin_api_key: str | None = None
     reasoning_parser: str | None = None
     max_n: int = DEFAULT_MAX_N
+    responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE
     max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST
     max_tokens_per_request: int | None = None
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS

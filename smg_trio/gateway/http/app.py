@@ -26,6 +26,7 @@ from smg_trio.gateway.http.routes import UNSERVED_PREFIXES, Route, inference_rou
 from smg_trio.gateway.http.sse import StreamBody
 from smg_trio.gateway.openai.errors import ApiError, to_api_error
 from smg_trio.gateway.openai.models import model_detail, model_list
+from smg_trio.gateway.openai.responses_schemas import ResponseDeleted
 from smg_trio.gateway.openai.tokens import VersionResponse
 from smg_trio.gateway.server.asgi_guard import RequestGuard
 from smg_trio.gateway.server.asgi_shield import ShieldedFinish
@@ -76,6 +77,16 @@ def _view(route: Route) -> Callable[[], Awaitable[Response]]:
         return await route(_current())
 
     return view
+
+
+def _response_not_found(response_id: str) -> ApiError:
+    return ApiError(
+        404,
+        f"No response with id '{response_id}' is stored (not stored, evicted, deleted, or "
+        "stored by another frontend process).",
+        param="response_id",
+        code="not_found",
+    )
 
 
 def gateway_of(app: QuartTrio) -> Gateway:
@@ -137,6 +148,31 @@ def create_app(
 
     for path, route in routes.items():
         app.add_url_rule(path, path, _view(route), methods=["POST"])
+
+    @app.get("/v1/responses/<response_id>")
+    async def get_response(response_id: str) -> Response:
+        req = _current()
+        rid = gw.request_id(req)
+        try:
+            gw.check_auth(req)
+            entry = gw.responses.get(response_id)
+            if entry is None:
+                raise _response_not_found(response_id)
+            return json_response(200, msgspec.json.encode(entry.response), rid)
+        except ApiError as exc:
+            return json_response(exc.status, exc.body(), rid)
+
+    @app.delete("/v1/responses/<response_id>")
+    async def delete_response(response_id: str) -> Response:
+        req = _current()
+        rid = gw.request_id(req)
+        try:
+            gw.check_auth(req)
+            if not gw.responses.delete(response_id):
+                raise _response_not_found(response_id)
+            return json_response(200, msgspec.json.encode(ResponseDeleted(response_id)), rid)
+        except ApiError as exc:
+            return json_response(exc.status, exc.body(), rid)
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -33,6 +33,7 @@ from smg_trio.gateway.openai.errors import (
     to_api_error,
 )
 from smg_trio.gateway.openai.fanout import SubRequest
+from smg_trio.gateway.openai.responses_store import ResponseStore
 from smg_trio.gateway.openai.schemas import decode_body
 
 __all__ = [
@@ -117,6 +118,8 @@ class Gateway:
             config.max_concurrent_requests, config.queue_size, config.queue_timeout_s
         )
         self.tokenizer_limiter = trio.CapacityLimiter(TOKENIZER_THREADS)
+        #: The Responses API's stored responses (per process: see docs/responses.md).
+        self.responses = ResponseStore(config.responses_store_size)
         metrics.watch_admission(self.admission)
         metrics.watch_backend(backend)
 

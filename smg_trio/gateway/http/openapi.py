@@ -15,6 +15,11 @@ from smg_trio.gateway.openai.messages_schemas import (
     CountTokensResponse,
     MessagesRequest,
 )
+from smg_trio.gateway.openai.responses_schemas import (
+    ResponseDeleted,
+    ResponseObject,
+    ResponsesRequest,
+)
 from smg_trio.gateway.openai.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -93,6 +98,38 @@ OPERATIONS: tuple[Operation, ...] = (
         response=Completion,
         stream=True,
         errors=_INFERENCE_ERRORS,
+    ),
+    Operation(
+        "post",
+        "/v1/responses",
+        "createResponse",
+        "OpenAI Responses; streams response.* events with stream=true",
+        "api",
+        "openai",
+        request=ResponsesRequest,
+        response=ResponseObject,
+        stream=True,
+        errors=_INFERENCE_ERRORS,
+    ),
+    Operation(
+        "get",
+        "/v1/responses/{response_id}",
+        "getResponse",
+        "A stored response (this process's store)",
+        "api",
+        "openai",
+        response=ResponseObject,
+        errors=("401", "404"),
+    ),
+    Operation(
+        "delete",
+        "/v1/responses/{response_id}",
+        "deleteResponse",
+        "Delete a stored response",
+        "api",
+        "openai",
+        response=ResponseDeleted,
+        errors=("401", "404"),
     ),
     Operation(
         "post",

@@ -17,6 +17,7 @@ from smg_trio.gateway.openai.completions import COMPLETIONS
 from smg_trio.gateway.openai.errors import anthropic_envelope
 from smg_trio.gateway.openai.messages import MESSAGES, count_tokens
 from smg_trio.gateway.openai.messages_schemas import CountTokensRequest
+from smg_trio.gateway.openai.responses import ResponsesApi
 from smg_trio.gateway.openai.tokens import (
     DetokenizeRequest,
     TokenizeRequest,
@@ -85,6 +86,8 @@ def inference_routes(gw: Gateway) -> dict[str, Route]:
     """Each ``POST`` path's route on ``gw``: the inference APIs, then the engine-free ones
     (``/tokenize`` and ``/detokenize``, also under ``/v1``, as vLLM and smg spell them)."""
     routes: dict[str, Route] = {path: _route(gw, api) for path, api in INFERENCE_APIS}
+    # The Responses API is made per gateway: it reads and fills the gateway's store.
+    routes["/v1/responses"] = _route(gw, ResponsesApi(gw.responses))
     tok = utility_route(gw, "tokenize", TokenizeRequest, tokenize)
     detok = utility_route(gw, "detokenize", DetokenizeRequest, detokenize)
     routes.update({"/tokenize": tok, "/v1/tokenize": tok})

@@ -1,0 +1,179 @@
+"""POST /v1/responses through the official openai SDK and raw HTTP: output items, usage, the
+event stream with sequence numbers, the store (GET, DELETE, previous_response_id, LRU bound),
+and the 400s for background, built-in tools and unknown items."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import openai
+import pytest
+import trio
+
+from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.tokenizer import Tokenizer
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
+
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+]
+
+
+def _client(base_url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_openai_sdk_create_and_stream(harness: HarnessFactory, tok: Tokenizer) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "Hello", " world", "!")) as h:
+            client = _client(h.base_url)
+            try:
+                res = await client.responses.create(
+                    model="M", input="hi", instructions="Be brief.", max_output_tokens=8
+                )
+                assert res.id.startswith("resp_")
+                assert res.status == "completed"
+                assert res.output_text == "Hello world!"
+                assert [item.type for item in res.output] == ["message"]
+                assert res.usage is not None
+                assert res.usage.output_tokens == 4
+                assert res.usage.output_tokens_details.reasoning_tokens == 0
+                prompt = tok.decode(
+                    h.engine.requests[-1].prompt_token_ids, skip_special_tokens=False
+                )
+                assert "Be brief." in prompt
+
+                async with client.responses.stream(
+                    model="M", input="hi", max_output_tokens=8
+                ) as stream:
+                    kinds, seqs, deltas = [], [], []
+                    async for event in stream:
+                        kinds.append(event.type)
+                        seqs.append(event.sequence_number)
+                        if event.type == "response.output_text.delta":
+                            deltas.append(event.delta)
+                    final = await stream.get_final_response()
+                assert "".join(deltas) == "Hello world!"
+                assert final.output_text == "Hello world!"
+                assert seqs == list(range(len(seqs)))
+                assert kinds[:4] == [
+                    "response.created",
+                    "response.in_progress",
+                    "response.output_item.added",
+                    "response.content_part.added",
+                ]
+                assert kinds[-4:] == [
+                    "response.output_text.done",
+                    "response.content_part.done",
+                    "response.output_item.done",
+                    "response.completed",
+                ]
+            finally:
+                await client.close()
+                gc.collect()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_function_call_output_round_trip_and_previous_response_id(
+    harness: HarnessFactory, tok: Tokenizer
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "It is sunny.")) as h:
+            client = _client(h.base_url)
+            try:
+                first = await client.responses.create(
+                    model="M", input="weather in Paris?", tools=TOOLS, max_output_tokens=8
+                )
+                # the client ran the tool the model (had it a parser) asked for
+                second = await client.responses.create(
+                    model="M",
+                    previous_response_id=first.id,
+                    tools=TOOLS,
+                    max_output_tokens=8,
+                    input=[
+                        {
+                            "type": "function_call",
+                            "call_id": "call_1",
+                            "name": "get_weather",
+                            "arguments": '{"city": "Paris"}',
+                        },
+                        {
+                            "type": "function_call_output",
+                            "call_id": "call_1",
+                            "output": "SUNNY-21C",
+                        },
+                    ],
+                )
+                assert second.output_text == "It is sunny."
+                prompt = tok.decode(
+                    h.engine.requests[-1].prompt_token_ids, skip_special_tokens=False
+                )
+                assert "weather in Paris?" in prompt  # the stored turn came back
+                assert "SUNNY-21C" in prompt
+                assert "get_weather" in prompt
+                got = await client.responses.retrieve(second.id)
+                assert got.output_text == "It is sunny."
+                await client.responses.delete(second.id)
+                with pytest.raises(openai.NotFoundError):
+                    await client.responses.retrieve(second.id)
+            finally:
+                await client.close()
+                gc.collect()
+
+
+async def test_store_false_and_lru_bound(harness: HarnessFactory) -> None:
+    config = GatewayHttpConfig(responses_store_size=2)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=config) as h:
+            body = {"model": "M", "input": "hi", "max_output_tokens": 2}
+            unstored = (await h.post("/v1/responses", {**body, "store": False})).json()
+            assert unstored["store"] is False
+            assert (await h.http.get(f"/v1/responses/{unstored['id']}")).status_code == 404
+            ids = [(await h.post("/v1/responses", body)).json()["id"] for _ in range(3)]
+            assert (await h.http.get(f"/v1/responses/{ids[0]}")).status_code == 404  # evicted
+            assert (await h.http.get(f"/v1/responses/{ids[2]}")).status_code == 200
+            chained = await h.post("/v1/responses", {**body, "previous_response_id": ids[0]})
+            assert chained.status_code == 400
+            assert chained.json()["error"]["param"] == "previous_response_id"
+
+
+async def test_max_output_tokens_is_incomplete(harness: HarnessFactory, tok: Tokenizer) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "Hello", " world", "!")) as h:
+            out = (await h.post("/v1/responses", {"input": "hi", "max_output_tokens": 1})).json()
+            assert out["status"] == "incomplete"
+            assert out["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "word"),
+    [
+        ({"background": True}, "background", "background"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0]", "web_search"),
+        ({"tools": [{"type": "code_interpreter"}]}, "tools[0]", "code_interpreter"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type", "item_reference"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "input[0].content[0].type",
+            "input_image",
+        ),
+    ],
+)
+async def test_unsupported_is_a_400_naming_it(
+    harness: HarnessFactory, extra: dict[str, Any], param: str, word: str
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            resp = await h.post("/v1/responses", {"model": "M", "input": "hi", **extra})
+            assert resp.status_code == 400, resp.text
+            err = resp.json()["error"]
+            assert err["param"] == param
+            assert word in err["message"]
+            assert not h.engine.requests
