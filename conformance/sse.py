@@ -25,16 +25,24 @@ class SseStream:
 
 
 def _payloads(
-    frames: Sequence[str], problems: list[str], first: int = 0
+    frames: Sequence[str], problems: list[str], first: int = 0, named: bool = False
 ) -> Iterator[tuple[int, str]]:
     """Each frame's position (counted from ``first``) and ``data: `` payload, comment-only
-    frames skipped; framing problems go to ``problems`` as each frame is read."""
+    frames skipped; framing problems go to ``problems`` as each frame is read. ``named``:
+    each frame is an ``event: `` line then one ``data: `` line (Anthropic's and the
+    Responses API's streams)."""
     for pos, frame in enumerate(frames, first):
         lines = [ln for ln in frame.split("\n") if not ln.startswith(":")]
         if not lines:
             continue  # comment-only frame (keep-alive)
         if "\r" in frame:
             problems.append(f"frame {pos} contains a carriage return: {frame[:80]!r}")
+        if named:
+            if not lines[0].startswith("event: "):
+                problems.append(
+                    f"frame {pos} does not start with an 'event: ' line: {frame[:120]!r}"
+                )
+            lines = lines[1:]
         data_lines = [ln for ln in lines if ln.startswith("data: ")]
         if len(lines) != 1 or len(data_lines) != 1:
             problems.append(f"frame {pos} is not a single 'data: ' line: {frame[:120]!r}")
@@ -97,10 +105,12 @@ class SseDecoder:
     Framing problems collect in :attr:`problems`; call :meth:`close` at the end. Payloads
     are not interpreted (the caller decides what a stream must hold)."""
 
-    def __init__(self) -> None:
+    def __init__(self, named: bool | None = False) -> None:
         self.problems: list[str] = []
         self._buf = b""
         self._frames = 0
+        #: Frames carry an ``event: `` line (``None``: decided by the first frame).
+        self.named = named
 
     def feed(self, data: bytes) -> list[str]:
         """Take the next bytes of the body; return the payloads of newly completed frames."""
@@ -113,7 +123,10 @@ class SseDecoder:
             self.problems.append(f"SSE body is not UTF-8: {exc}")
             return []
         first, self._frames = self._frames, self._frames + len(frames)
-        return [payload for _, payload in _payloads(frames, self.problems, first)]
+        if self.named is None:
+            self.named = frames[0].startswith("event: ")
+        named = self.named
+        return [payload for _, payload in _payloads(frames, self.problems, first, named)]
 
     def close(self) -> list[str]:
         """The body ended: an unterminated tail is a problem, and is read as a last frame (as

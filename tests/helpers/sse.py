@@ -23,7 +23,9 @@ class SseEvents:
     (parsed JSON objects, or the string ``"[DONE]"``) and asserts the framing so far."""
 
     def __init__(self) -> None:
-        self._decoder = SseDecoder()
+        # OpenAI's frames are one data line; a stream whose first frame names its event
+        # (Anthropic's, the Responses API's) must name every one.
+        self._decoder = SseDecoder(named=None)
 
     def feed(self, data: bytes) -> list[Any]:
         payloads = self._decoder.feed(data)
