@@ -79,6 +79,33 @@ def _default_backend() -> str:
     return "mock"
 
 
+def _api_server_count(text: str) -> int | str:
+    """An argparse type: ``--api-server-count`` (a positive integer or ``auto``)."""
+    from smg_trio.serve.frontends import parse_api_server_count
+
+    try:
+        return parse_api_server_count(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or auto: {exc}") from None
+
+
+def _check_api_server_count(args: argparse.Namespace) -> int:
+    """Resolve ``--api-server-count`` (``auto`` is printed) and exit 2 if the backend cannot
+    have that many frontends."""
+    from smg_trio.serve.frontends import AUTO, api_server_count_problem, resolve_api_server_count
+
+    count = resolve_api_server_count(args.api_server_count)
+    if args.api_server_count == AUTO:
+        print(f"smg_trio: --api-server-count auto: {count} (usable cores)", flush=True)
+    backend = args.backend
+    if args.command == "serve" and backend is None:
+        backend = _default_backend()
+    problem = api_server_count_problem(count, backend)
+    if problem is not None:
+        _usage_error(problem)
+    return count
+
+
 def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     """An argparse type: an int in ``[low, high]``."""
 
@@ -120,6 +147,14 @@ def _common(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("gateway")
     g.add_argument("--host", default=DEFAULT_HOST, help="HTTP bind host (default %(default)s)")
+    g.add_argument(
+        "--api-server-count",
+        type=_api_server_count,
+        default=1,
+        metavar="N|auto",
+        help="frontend processes serving HTTP on the same engines (vLLM's flag); auto: one per "
+        "core this process may use (default %(default)s)",
+    )
     g.add_argument(
         "--port",
         type=_int_at_least(0, 65535),
@@ -687,6 +722,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     _apply_env_and_file(parser, args, argv)
     _setup_logging(args.log_level, args.log_format)
+    _check_api_server_count(args)
     config = _config_from_args(args, engine_args)
     try:
         trio.run(_run_gateway, config)

@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
+import attrs
 import trio
 
 from smg_trio.connector.routing import RankRouter, WaveClock
@@ -36,6 +37,7 @@ __all__ = [
     "ENGINE_SILENCE_DEATH_TIMEOUT_S",
     "MAX_CONSECUTIVE_DECODE_ERRORS",
     "EngineClient",
+    "attach_engine_client",
     "open_engine_client",
     "run_engine_client",
 ]
@@ -84,8 +86,13 @@ class EngineClient:
         *,
         silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
         disconnect_grace_s: float | None = None,
+        owns_liveness: bool = True,
     ) -> None:
         self.protocol = protocol
+        #: False for a frontend client that attached to engines client 0 handshook: client 0
+        #: watches the engines' connections; here a send to an engine not connected (yet)
+        #: fails only that request, and the socket monitor is not read after the attach.
+        self.owns_liveness = owns_liveness
         self.engines = list(engines)
         self._sockets = sockets
         self._identities = [e.identity for e in self.engines]
@@ -251,9 +258,12 @@ class EngineClient:
             del self._registry[entry.request_id]
         self._router.release(entry.rank, entry.request_id)
         if not entry.finished and entry.sent and entry.rank not in self._lost:
-            self._aborted[entry.request_id] = entry.identity
-            if len(self._aborted) > _ABORTED_MEMORY:
-                self._aborted.popitem(last=False)
+            self._remember_aborted(entry.request_id, entry.identity)
+
+    def _remember_aborted(self, request_id: str, identity: bytes) -> None:
+        self._aborted[request_id] = identity
+        if len(self._aborted) > _ABORTED_MEMORY:
+            self._aborted.popitem(last=False)
 
     async def _send(self, identity: bytes, frames: list[bytes]) -> None:
         msg = [identity, *frames]
@@ -270,7 +280,8 @@ class EngineClient:
                 # decides whether it comes back (a blip) or the rank is dead; only this
                 # message fails here.
                 slot = self._identities.index(identity)
-                self._suspect(slot)
+                if self.owns_liveness:
+                    self._suspect(slot)
                 raise EngineDeadError(
                     f"engine {self._router.indices[slot]} is not connected"
                 ) from exc
@@ -352,6 +363,8 @@ class EngineClient:
         admin API): the kernel closes a killed process's sockets, and libzmq reports it here
         within milliseconds. The silence watchdog stays as the last line of defence (a
         wedged engine keeps its sockets open)."""
+        if not self.owns_liveness:
+            return
         sock = self._sockets.input_monitor
         grace = self._grace_s
         try:
@@ -378,6 +391,8 @@ class EngineClient:
                 log.warning("input socket monitor failed (%s); relying on the watchdog", exc)
 
     def _on_connection_event(self, event: ConnectionEvent) -> None:
+        if event.handshaken:
+            return  # the accept already counted
         fd = event.fd
         log.debug("input monitor: %s fd %d", "accepted" if event.accepted else "closed", fd)
         if not event.accepted:
@@ -442,12 +457,21 @@ class EngineClient:
             entry = registry.get(out.request_id)
             if entry is None:
                 identity = self._aborted.get(out.request_id)
+                if identity is None and out.finish_reason is None and slot is not None:
+                    # An id this client never sent, still running: a previous life's request
+                    # (this frontend restarted, and the engine kept its outputs for this
+                    # socket). Nobody waits for it: ABORT it, once (remembered below).
+                    identity = self._identities[slot]
+                    self._remember_aborted(out.request_id, identity)
+                    log.info(
+                        "aborting %s: an engine request this client does not know", out.request_id
+                    )
                 if identity is not None:
                     if out.finish_reason is None:
                         reabort = reabort or {}
                         reabort.setdefault(identity, {})[out.request_id] = None
                     else:
-                        del self._aborted[out.request_id]
+                        self._aborted.pop(out.request_id, None)
                 continue
             entry.push(out)
             if out.finish_reason is not None:
@@ -596,10 +620,19 @@ async def open_engine_client(
     take to reconnect before it is dead (``ENGINE_DISCONNECT_GRACE_S`` by default). ``handshake`` is a handshake ROUTER the caller keeps bound across engine
     lives (see :class:`~smg_trio.transport.topology.HandshakeSocket`); without it one is bound
     here and closed on exit.
+
+    With ``addresses.client_count > 1`` this call is client 0 (``addresses.client_index`` must
+    be 0): INIT also names the other clients' pairs, which :func:`attach_engine_client` binds.
     """
+    if addresses.client_index != 0:
+        raise ValueError("only client 0 runs the handshake; the others attach")
+    others = list(zip(addresses.inputs[1:], addresses.outputs[1:], strict=True))
     async with bind_worker_sockets(addresses, handshake=handshake) as sockets:
         engines = await run_handshake(
-            sockets, engine_count=engine_count, ready_timeout_s=ready_timeout_s
+            sockets,
+            engine_count=engine_count,
+            ready_timeout_s=ready_timeout_s,
+            other_clients=others,
         )
         client = EngineClient(
             protocol,
@@ -608,13 +641,66 @@ async def open_engine_client(
             silence_timeout_s=silence_timeout_s,
             disconnect_grace_s=disconnect_grace_s,
         )
-        async with trio.open_nursery() as nursery:
-            client._nursery = nursery
-            nursery.start_soon(client._output_loop)
-            nursery.start_soon(client._silence_watchdog)
-            nursery.start_soon(client._watch_connections)
-            try:
-                yield client
-            finally:
-                client._close()
-                nursery.cancel_scope.cancel()
+        async with _running(client) as running:
+            yield running
+
+
+@asynccontextmanager
+async def attach_engine_client(
+    protocol: EngineProtocol,
+    addresses: WorkerAddresses,
+    engines: Sequence[EngineRegistration],
+    *,
+    silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
+) -> AsyncIterator[EngineClient]:
+    """Yield a running :class:`EngineClient` for frontend client ``addresses.client_index`` of
+    engines that client 0 already handshook (``engines``: its registrations, which say which
+    identities to route to and what each engine is).
+
+    Only this client's own input ROUTER and output PULL are bound (at the deterministic
+    addresses of :func:`~smg_trio.protocol.addresses.client_data_plane`, which INIT named); the
+    engines dial them on their own and reconnect when this client is re-bound after a restart.
+    The block starts once ``len(engines)`` connections reached the input socket (unbounded:
+    wrap it in a cancel scope).
+    ``protocol`` must carry the same ``client_index``: the engine sends each request's outputs
+    to that client's output socket. The engine's input registration on this socket is not
+    awaited (a re-bound socket never gets one): the first send finds an engine that has not
+    connected yet as not connected (a 503), and outputs for request ids this client does not
+    know (a previous life's) are answered with ABORT.
+    """
+    if addresses.client_index == 0:
+        raise ValueError("client 0 runs the handshake (open_engine_client)")
+    async with bind_worker_sockets(addresses, with_handshake=False) as sockets:
+        # Ready once every engine's connection to this input socket finished its ZMTP
+        # handshake, so its identity is routable (a restarted client's re-bound socket gets
+        # no registration, only the connection). Callers bound the wait.
+        connected: set[int] = set()
+        while len(connected) < len(engines):
+            event = await sockets.input_monitor.receive()
+            if event is not None and event.handshaken:
+                connected.add(event.fd)
+            elif event is not None and not event.accepted:
+                connected.discard(event.fd)
+        # Engine death is seen from the sentinel, the silence watchdog, or client 0 (which
+        # owns the engines' liveness).
+        attached = [attrs.evolve(e, connection_fd=None) for e in engines]
+        client = EngineClient(
+            protocol, sockets, attached, silence_timeout_s=silence_timeout_s, owns_liveness=False
+        )
+        async with _running(client) as running:
+            yield running
+
+
+@asynccontextmanager
+async def _running(client: EngineClient) -> AsyncIterator[EngineClient]:
+    """Run ``client``'s output loop, silence watchdog and connection watch for the block."""
+    async with trio.open_nursery() as nursery:
+        client._nursery = nursery
+        nursery.start_soon(client._output_loop)
+        nursery.start_soon(client._silence_watchdog)
+        nursery.start_soon(client._watch_connections)
+        try:
+            yield client
+        finally:
+            client._close()
+            nursery.cancel_scope.cancel()

@@ -30,6 +30,7 @@ from smg_trio.protocol import tokenspeed as ts
 from smg_trio.protocol import vllm
 from smg_trio.protocol.handshake import EngineCoreReadyResponse, encode_ready_response
 from smg_trio.transport.engine_side import EngineSockets, dial_frontend
+from smg_trio.transport.zsocket import ZmqSocket
 
 __all__ = ["MockEngine", "MockEngineConfig", "MockRequest", "Plan", "main", "run_until_signal"]
 
@@ -66,6 +67,9 @@ class MockRequest:
     final: tuple[str, int | str | None] | None = None
     #: The script rule that answered, if any.
     rule: str | None = None
+    #: The frontend client whose output socket gets this request's outputs (vLLM's
+    #: ``EngineCoreRequest.client_index``; TokenSpeed has one client).
+    client_index: int = 0
 
 
 #: A scripted plan: the token ids to emit per step for a request (each inner list is one step).
@@ -124,9 +128,10 @@ class MockEngine:
         self._current_wave = 0
         self._last_idle_sent = True
         self._garbage = 0
-        # The step loop, the input loop (TokenSpeed abort replies) and die_with_sentinel all
-        # send on the one PUSH socket: one sender at a time (the adapter's single-owner rule).
-        self._out_lock = trio.StrictFIFOLock()
+        # The step loop, the input loops (TokenSpeed abort replies) and die_with_sentinel all
+        # send on the PUSH sockets: one sender at a time per socket (the adapter's
+        # single-owner rule). One lock per frontend client's PUSH, made once INIT named them.
+        self._out_locks: list[trio.StrictFIFOLock] = []
         self.dead = trio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -177,11 +182,14 @@ class MockEngine:
                 hello_local=not vllm_like,
                 with_hash_key=not vllm_like,
                 register_before_ready=before,
+                multi_client=vllm_like,
             ) as sockets:
                 self._sockets = sockets
+                self._out_locks = [trio.StrictFIFOLock() for _ in sockets.outputs]
                 task_status.started(self)
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._input_loop)
+                    for client, sock in enumerate(sockets.inputs):
+                        nursery.start_soon(self._input_loop, client, sock)
                     nursery.start_soon(self._step_loop)
         self.dead.set()
 
@@ -198,8 +206,9 @@ class MockEngine:
         self._resume.set()
 
     async def die_with_sentinel(self) -> None:
-        """Send ``ENGINE_CORE_DEAD`` and stop, as vLLM does on a fatal error."""
-        await self._push([ENGINE_CORE_DEAD])
+        """Send ``ENGINE_CORE_DEAD`` to every client and stop, as vLLM does on a fatal error."""
+        for client in range(len(self._out_locks)):
+            await self._push([ENGINE_CORE_DEAD], client)
         self.die_silently()
 
     def die_silently(self) -> None:
@@ -214,9 +223,12 @@ class MockEngine:
 
     # -- input ---------------------------------------------------------------------------
 
-    async def _input_loop(self) -> None:
-        assert self._sockets is not None
-        sock = self._sockets.input
+    @property
+    def client_count(self) -> int:
+        """How many frontend clients this engine serves (INIT's address count it uses)."""
+        return len(self._out_locks)
+
+    async def _input_loop(self, client: int, sock: ZmqSocket) -> None:
         while True:
             frames = await sock.recv_multipart()
             if len(frames) < 2:
@@ -225,7 +237,14 @@ class MockEngine:
             kind, payload = frames[0], frames[1]
             if kind == b"\x00":
                 req = self._parse_add(payload)
-                if req is not None:
+                if req is not None and not 0 <= req.client_index < self.client_count:
+                    log.warning(
+                        "mock: dropping %s: client_index %d (from client %d) names no client",
+                        req.request_id,
+                        req.client_index,
+                        client,
+                    )
+                elif req is not None:
                     self._admit(req)
             elif kind == b"\x01":
                 for rid in decode(payload, list[str]):
@@ -263,6 +282,7 @@ class MockEngine:
                 logprobs=sp.get("logprobs"),
                 n=1,
                 raw=r,
+                client_index=r.client_index,
             )
         t = msgspec.msgpack.decode(payload, type=ts.TokenizedGenerateReqInput)
         p = t.sampling_params
@@ -394,10 +414,10 @@ class MockEngine:
 
     # -- output encoding -----------------------------------------------------------------
 
-    async def _push(self, frames: list[bytes]) -> None:
+    async def _push(self, frames: list[bytes], client: int = 0) -> None:
         assert self._sockets is not None
-        async with self._out_lock:
-            await self._sockets.output.send_multipart(frames)
+        async with self._out_locks[client]:
+            await self._sockets.outputs[client].send_multipart(frames)
 
     def _stats(self) -> dict[str, Any] | None:
         if not self.config.stats:
@@ -454,7 +474,26 @@ class MockEngine:
     async def _send_vllm(
         self, results: Sequence[tuple[MockRequest, list[int], str | None, int | str | None]]
     ) -> None:
-        assert self._sockets is not None
+        """One envelope per frontend client that has outputs this step (vLLM's
+        ``update_from_output``); the scheduler stats ride on the first one only, or on an
+        envelope of their own to client 0 when no client has outputs."""
+        by_client: dict[int, list[tuple[MockRequest, list[int], str | None, int | str | None]]]
+        by_client = {}
+        for result in results:
+            by_client.setdefault(result[0].client_index, []).append(result)
+        if not by_client:
+            by_client[0] = []
+        stats = self._stats()
+        for client, group in by_client.items():
+            await self._send_vllm_to(client, group, stats)
+            stats = None
+
+    async def _send_vllm_to(
+        self,
+        client: int,
+        results: Sequence[tuple[MockRequest, list[int], str | None, int | str | None]],
+        stats: dict[str, Any] | None,
+    ) -> None:
         aux: list[bytes] = []
         outs = []
         codes = {"stop": 0, "length": 1, "abort": 2, "error": 3, "reject": 3}
@@ -486,14 +525,13 @@ class MockEngine:
             finished_requests=finished or None,
         )
         payload = bytearray(encoder.encode(env))
-        stats = self._stats()
         if stats is not None:
             # Re-encode with the full stats map (the decoder struct models only three keys).
             arr = msgspec.msgpack.decode(bytes(payload))
             arr[2] = stats
             arr.append("default")  # vLLM 0.32's 9th element, weight_version
             payload = bytearray(encoder.encode(arr))
-        await self._push([bytes(payload), *aux])
+        await self._push([bytes(payload), *aux], client)
 
     async def _send_idle(self) -> None:
         assert self._sockets is not None

@@ -10,6 +10,7 @@ __all__ = [
     "HANDSHAKE_PORT_BASE",
     "HANDSHAKE_PORT_SPAN",
     "WorkerAddresses",
+    "client_data_plane",
     "derive_handshake_port",
     "ipc_path",
     "worker_addresses",
@@ -41,29 +42,75 @@ def ipc_path(url: str) -> str:
     return url[len("ipc://") :]
 
 
+def client_data_plane(path: str, client_index: int) -> tuple[str, str]:
+    """The input and output ``ipc://`` addresses of frontend client ``client_index`` of the
+    worker at ``path``: ``<path>-in.sock``/``<path>-out.sock`` for client 0 (smg's names, so
+    one client is what smg and every engine expect), ``<path>-in-<i>.sock``/``-out-<i>.sock``
+    for client ``i``. The one place these names are made."""
+    if client_index < 0:
+        raise WorkerAddressError(f"client index must be >= 0, got {client_index}")
+    suffix = "" if client_index == 0 else f"-{client_index}"
+    return f"ipc://{path}-in{suffix}.sock", f"ipc://{path}-out{suffix}.sock"
+
+
 @attrs.frozen
 class WorkerAddresses:
-    """The three sockets of one worker: input ROUTER, output PULL (both ``ipc://``), handshake
-    ROUTER (``tcp://``). The gateway binds all three; engines dial in."""
+    """The three sockets of one worker, as seen by frontend client ``client_index`` of
+    ``client_count``: its input ROUTER and output PULL (both ``ipc://``) and the handshake ROUTER
+    (``tcp://``). The gateway binds them; engines dial in. With several clients (vLLM's
+    ``EngineZmqAddresses.inputs/outputs``), ``inputs``/``outputs`` list every client's pair, in
+    client order, for INIT; each client binds its own pair."""
 
     url: str
     input: str
     output: str
     handshake: str
+    client_index: int = 0
+    client_count: int = 1
 
     @property
     def path(self) -> str:
         """The ipc path of the worker URL."""
         return ipc_path(self.url)
 
+    @property
+    def inputs(self) -> list[str]:
+        """Every client's input address, in client order (INIT's ``inputs``)."""
+        return [client_data_plane(self.path, i)[0] for i in range(self.client_count)]
 
-def worker_addresses(url: str, handshake_override: str | None = None) -> WorkerAddresses:
+    @property
+    def outputs(self) -> list[str]:
+        """Every client's output address, in client order (INIT's ``outputs``)."""
+        return [client_data_plane(self.path, i)[1] for i in range(self.client_count)]
+
+    def for_client(self, client_index: int) -> WorkerAddresses:
+        """The same worker's addresses as client ``client_index`` sees them."""
+        return worker_addresses(
+            self.url,
+            self.handshake,
+            client_index=client_index,
+            client_count=self.client_count,
+        )
+
+
+def worker_addresses(
+    url: str,
+    handshake_override: str | None = None,
+    *,
+    client_index: int = 0,
+    client_count: int = 1,
+) -> WorkerAddresses:
     """Derive ``<url>-in.sock``, ``<url>-out.sock`` and ``tcp://127.0.0.1:<fnv port>``.
 
     ``handshake_override`` is used verbatim and must start with ``tcp://`` (vLLM's headless
-    engine can only dial TCP). Raises ``WorkerAddressError``.
+    engine can only dial TCP). ``client_index``/``client_count`` pick one frontend client's
+    data plane (:func:`client_data_plane`). Raises ``WorkerAddressError``.
     """
     path = ipc_path(url)
+    if not 0 <= client_index < client_count:
+        raise WorkerAddressError(
+            f"client index {client_index} is not below the client count {client_count}"
+        )
     if handshake_override is not None:
         if not handshake_override.startswith("tcp://"):
             raise WorkerAddressError(
@@ -72,6 +119,12 @@ def worker_addresses(url: str, handshake_override: str | None = None) -> WorkerA
         handshake = handshake_override
     else:
         handshake = f"tcp://127.0.0.1:{derive_handshake_port(path)}"
+    inp, out = client_data_plane(path, client_index)
     return WorkerAddresses(
-        url=url, input=f"ipc://{path}-in.sock", output=f"ipc://{path}-out.sock", handshake=handshake
+        url=url,
+        input=inp,
+        output=out,
+        handshake=handshake,
+        client_index=client_index,
+        client_count=client_count,
     )

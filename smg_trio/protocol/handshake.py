@@ -9,6 +9,7 @@ positional. Unknown keys are ignored, because real vLLM 0.32 sends many extra ke
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -41,7 +42,8 @@ class HandshakeStatus(msgspec.Struct, kw_only=True):
 
 
 class EngineZmqAddresses(msgspec.Struct, kw_only=True):
-    """The data-plane addresses in INIT. Exactly one input and one output in this topology."""
+    """The data-plane addresses in INIT: one input and one output per frontend client (one
+    client unless ``--api-server-count`` is above 1)."""
 
     inputs: list[str]
     outputs: list[str]
@@ -127,11 +129,17 @@ def decode_status(payload: Any) -> HandshakeStatus:
     return decode(payload, HandshakeStatus)
 
 
-def encode_init(input_address: str, output_address: str) -> bytes:
-    """Encode INIT with exactly one input and one output address and nil coordinator fields."""
+def encode_init(inputs: str | Sequence[str], outputs: str | Sequence[str]) -> bytes:
+    """Encode INIT with the frontend clients' input and output addresses (one string: one
+    client) and nil coordinator fields. Entry ``i`` of each list is client ``i``'s: the engine
+    sends a request's outputs to ``outputs[client_index]``."""
+    ins = [inputs] if isinstance(inputs, str) else list(inputs)
+    outs = [outputs] if isinstance(outputs, str) else list(outputs)
+    if not ins or len(ins) != len(outs):
+        raise ValueError(f"INIT needs as many inputs as outputs (>= 1): {ins} / {outs}")
     return encoder.encode(
         EngineHandshakeMetadata(
-            addresses=EngineZmqAddresses(inputs=[input_address], outputs=[output_address]),
+            addresses=EngineZmqAddresses(inputs=ins, outputs=outs),
             parallel_config={},
         )
     )

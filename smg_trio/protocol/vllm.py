@@ -351,6 +351,11 @@ class VllmProtocol:
         seed_max=2**63 - 1,
     )
 
+    def __init__(self, client_index: int = 0) -> None:
+        #: This frontend's index in INIT's address lists: the engine sends the outputs of
+        #: every request this protocol object encodes to ``outputs[client_index]``.
+        self.client_index = client_index
+
     def validate(self, request: GenerateRequest) -> None:
         """Reject what the EngineCore wire cannot carry. Raises ``UnsupportedField`` or
         ``ValidationError``."""
@@ -378,6 +383,7 @@ class VllmProtocol:
             sampling_params=build_sampling_params(request),
             arrival_time=request.arrival_time,
             data_parallel_rank=request.data_parallel_rank,
+            client_index=self.client_index,
         )
         return [ADD, encoder.encode(wire)]
 

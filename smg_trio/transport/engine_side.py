@@ -31,14 +31,26 @@ class EngineSockets:
 
     ``input`` is the DEALER (identity = the engine's) that receives requests as
     ``[type_byte, payload, *aux]``; ``output`` is the PUSH that sends ``[payload, *aux]`` or the
-    ``ENGINE_CORE_DEAD`` sentinel. ``init`` is the INIT message the frontend sent.
+    ``ENGINE_CORE_DEAD`` sentinel. ``init`` is the INIT message the frontend sent. ``inputs``
+    and ``outputs`` hold one socket per frontend client INIT named (``input``/``output`` are
+    client 0's), as vLLM's ``process_input_sockets``/``process_output_sockets`` open them.
     """
 
     identity: bytes
     engine_index: int
     init: EngineHandshakeMetadata
-    input: ZmqSocket
-    output: ZmqSocket
+    inputs: list[ZmqSocket]
+    outputs: list[ZmqSocket]
+
+    @property
+    def input(self) -> ZmqSocket:
+        """Client 0's input DEALER."""
+        return self.inputs[0]
+
+    @property
+    def output(self) -> ZmqSocket:
+        """Client 0's output PUSH."""
+        return self.outputs[0]
 
 
 def _dial(
@@ -64,6 +76,7 @@ async def dial_frontend(
     hello_local: bool = True,
     with_hash_key: bool = True,
     register_before_ready: bool = False,
+    multi_client: bool = True,
 ) -> AsyncIterator[EngineSockets]:
     """Do what a vLLM/TokenSpeed engine does at startup and yield its data-plane sockets.
 
@@ -72,7 +85,9 @@ async def dial_frontend(
     DEALER (same identity) connects to ``inputs[0]`` and sends ``registration`` as its first
     message; a PUSH connects to ``outputs[0]``. With ``register_before_ready`` the registration
     goes out before READY, which is how real vLLM orders it. ``hello_local=False`` and
-    ``with_hash_key=False`` give vLLM 0.32's three-key HELLO/READY.
+    ``with_hash_key=False`` give vLLM 0.32's three-key HELLO/READY. With ``multi_client``
+    (vLLM) every input and output address in INIT gets its socket, and the registration goes
+    to every input; without it (TokenSpeed) only the first pair is used.
 
     The engine may dial before the frontend has bound: ZMQ's connect retries in the background
     and HELLO waits in the DEALER's queue. This call sets no deadline of its own; wrap it in a
@@ -101,12 +116,15 @@ async def dial_frontend(
         ready = [encode_status("READY", **status_kwargs)]
         if not register_before_ready:
             await handshake.send_multipart(ready)
-        inp = _dial(stack, zmq.DEALER, init.addresses.inputs[0], identity)
-        await inp.send_multipart([registration])
+        count = len(init.addresses.inputs) if multi_client else 1
+        inputs = [_dial(stack, zmq.DEALER, a, identity) for a in init.addresses.inputs[:count]]
+        for inp in inputs:
+            await inp.send_multipart([registration])
         if register_before_ready:
             await handshake.send_multipart(ready)
-        out = _dial(stack, zmq.PUSH, init.addresses.outputs[0])
+        outs = init.addresses.outputs[: len(init.addresses.outputs) if multi_client else 1]
+        outputs = [_dial(stack, zmq.PUSH, a) for a in outs]
         logger.debug("engine %d: READY and registration sent", engine_index)
         yield EngineSockets(
-            identity=identity, engine_index=engine_index, init=init, input=inp, output=out
+            identity=identity, engine_index=engine_index, init=init, inputs=inputs, outputs=outputs
         )

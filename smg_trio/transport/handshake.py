@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from typing import Final
 
 import attrs
@@ -131,6 +132,7 @@ class _Driver:
 
     async def handshake_loop(self) -> None:
         sock = self.sockets.handshake
+        assert sock is not None, "run_handshake needs a handshake socket"
         while True:
             due = min(
                 (p.next_init for p in self.peers.values() if p.registration is None),
@@ -212,8 +214,10 @@ class _Driver:
         (``ROUTER_HANDOVER``), so an engine whose connection a stranger took over for a while
         still gets its INIT once it is back. A second INIT is harmless: engines read one."""
         peer.next_init = trio.current_time() + INIT_RESEND_S
+        sock = self.sockets.handshake
+        assert sock is not None
         try:
-            sent = self.sockets.handshake.send_multipart_nowait([identity, self.init_payload])
+            sent = sock.send_multipart_nowait([identity, self.init_payload])
         except ZmqSocketError as exc:  # EHOSTUNREACH: that identity is not connected (now)
             logger.debug("handshake: INIT to %s not sent: %s", _name(identity), exc.strerror)
             return
@@ -306,6 +310,7 @@ async def run_handshake(
     *,
     engine_count: int,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    other_clients: Sequence[tuple[str, str]] = (),
 ) -> list[EngineRegistration]:
     """Run the startup handshake with ``engine_count`` engines (wire spec §1.3).
 
@@ -323,6 +328,11 @@ async def run_handshake(
     which comes over the private ipc input socket, proves an engine. Identities beyond the expected
     ones (2-byte indices below ``engine_count``) are tracked up to ``MAX_UNEXPECTED_PEERS``.
 
+    ``other_clients`` are the (input, output) addresses of further frontend clients (1, 2,
+    ...; this call's own sockets are client 0): INIT lists them after ``sockets``' own, and
+    each engine also connects to them (vLLM's multi-client wire). Only client 0's input
+    registration is awaited here; each other client reads its own.
+
     ``ready_timeout_s`` bounds the time without progress (a new identity's HELLO, a READY, a
     registration); dropped messages are not progress. Callers may also wrap the whole call in
     their own cancel scope.
@@ -339,9 +349,11 @@ async def run_handshake(
     """
     if engine_count < 1:
         raise ValueError(f"expected engine_count >= 1, got {engine_count}")
-    driver = _Driver(
-        sockets, engine_count, encode_init(sockets.input_address, sockets.output_address)
+    init = encode_init(
+        [sockets.input_address, *(i for i, _ in other_clients)],
+        [sockets.output_address, *(o for _, o in other_clients)],
     )
+    driver = _Driver(sockets, engine_count, init)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(driver.handshake_loop)
         nursery.start_soon(driver.input_loop)

@@ -17,16 +17,21 @@ logger = logging.getLogger(__name__)
 
 #: What the input ROUTER's monitor reports: an engine's connection accepted, and closed. Each
 #: event names the connection's file descriptor; a registration's ``ZMQ_SRCFD`` ties that
-#: descriptor to the engine's identity (see the connector's connection watch).
-INPUT_MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+#: descriptor to the engine's identity (see the connector's connection watch). A finished ZMTP
+#: handshake (the peer's identity is routable from then on) is reported too: a frontend client
+#: that attaches to engines waits for it (``handshaken``).
+INPUT_MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 
 
 @attrs.frozen
 class ConnectionEvent:
-    """A peer's connection was ``accepted`` (else: it closed), named by its descriptor."""
+    """A peer's connection was ``accepted`` (else: it closed), named by its descriptor;
+    ``handshaken``: that connection finished its ZMTP handshake (``accepted`` is False then,
+    and it is not a close)."""
 
     accepted: bool
     fd: int
+    handshaken: bool = False
 
 
 class ConnectionMonitor:
@@ -48,9 +53,12 @@ class ConnectionMonitor:
             logger.warning("undecodable socket monitor event: %s", exc)
             return None
         kind = int(event["event"])
+        fd = int(event["value"])
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            return ConnectionEvent(accepted=False, fd=fd, handshaken=True)
         if kind not in (zmq.EVENT_ACCEPTED, zmq.EVENT_DISCONNECTED):
             return None
-        return ConnectionEvent(accepted=kind == zmq.EVENT_ACCEPTED, fd=int(event["value"]))
+        return ConnectionEvent(accepted=kind == zmq.EVENT_ACCEPTED, fd=fd)
 
     def close(self) -> None:
         """Close the PAIR; idempotent."""

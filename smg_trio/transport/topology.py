@@ -40,16 +40,18 @@ class BoundSockets:
     which is how an engine that dies is seen at once, whatever started it); ``output`` is the PULL every engine PUSHes results
     to; ``handshake`` is the ROUTER for HELLO/INIT/READY. The ``*_address`` strings are the
     endpoints as libzmq resolved them (``LAST_ENDPOINT``), so a wildcard port such as
-    ``tcp://127.0.0.1:*`` comes back as the real port; INIT carries these.
+    ``tcp://127.0.0.1:*`` comes back as the real port; INIT carries these. A frontend client
+    that attaches to engines another process handshook (``--api-server-count``) has no
+    handshake socket (``None``).
     """
 
     input: ZmqSocket
     output: ZmqSocket
-    handshake: ZmqSocket
+    handshake: ZmqSocket | None
     input_monitor: ConnectionMonitor
     input_address: str
     output_address: str
-    handshake_address: str
+    handshake_address: str | None
 
 
 def _configure_router(sock: zmq.Socket[bytes]) -> None:
@@ -183,7 +185,10 @@ def _unlink_if_same(path: str, inode: tuple[int, int] | None) -> None:
 
 @asynccontextmanager
 async def bind_worker_sockets(
-    addresses: WorkerAddresses, *, handshake: HandshakeSocket | None = None
+    addresses: WorkerAddresses,
+    *,
+    handshake: HandshakeSocket | None = None,
+    with_handshake: bool = True,
 ) -> AsyncIterator[BoundSockets]:
     """Bind one worker's socket set, as smg does: input ROUTER, output PULL, handshake ROUTER.
 
@@ -192,7 +197,9 @@ async def bind_worker_sockets(
     against the ``sun_path`` limit, and stale ``-in.sock``/``-out.sock`` sockets are unlinked.
     On exit every socket is closed (``linger=0``) and the socket files this call created are
     removed. With ``handshake``, that already-bound ROUTER is used (and left open on exit)
-    instead of binding ``addresses.handshake``.
+    instead of binding ``addresses.handshake``; with ``with_handshake=False`` no handshake
+    socket is bound at all (a frontend client attaching to engines that another process
+    handshook: only its own data-plane pair).
 
     Raises:
         SocketDirError: the socket directory or an ipc path is unusable, or an ipc bind failed.
@@ -218,7 +225,11 @@ async def bind_worker_sockets(
             stack, zmq.PULL, addresses.output, "output PULL", _configure_output_pull
         )
         stack.callback(_unlink_if_same, output_path, _inode(output_path))
-        if handshake is None:
+        hs: ZmqSocket | None
+        handshake_address: str | None
+        if not with_handshake:
+            hs, handshake_address = None, None
+        elif handshake is None:
             hs, handshake_address = _bind(
                 stack, zmq.ROUTER, addresses.handshake, "handshake ROUTER", _configure_router
             )

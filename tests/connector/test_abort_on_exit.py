@@ -147,9 +147,10 @@ async def test_late_outputs_for_an_aborted_id_are_dropped_and_reaborted(
             # A terminal output for the aborted id is dropped and ends the re-abort memory ...
             await engine.push_vllm(vllm_output("late", [8], finish=2))
             await wait_until(lambda: "late" not in client._aborted)
-            # ... so a stray output after it is dropped silently. It travels ahead of the probe's
-            # terminal output on the same pipe; once every task is idle after the probe, any
-            # ABORT it caused would already sit before the next ADD.
+            # ... so a stray running output after it is an id this client does not know: it is
+            # ABORTed once (the rule that frees a restarted frontend's old requests). It travels
+            # ahead of the probe's terminal output on the same pipe; once every task is idle
+            # after the probe, the ABORT sits before the next ADD.
             async with client.generate(request("probe")) as stream:
                 assert (await _expect(engine, ADD))[0] == "probe"
                 await engine.push_vllm(vllm_output("late", [9]))
@@ -157,6 +158,7 @@ async def test_late_outputs_for_an_aborted_id_are_dropped_and_reaborted(
                 outputs = [o async for o in stream]
             assert [(o.new_token_ids, o.finish_reason) for o in outputs] == [([1], "length")]
             await trio.testing.wait_all_tasks_blocked()
+            assert await _expect(engine, ABORT) == ["late"]
             async with client.generate(request("probe2")) as stream:
                 assert (await _expect(engine, ADD))[0] == "probe2"
                 await engine.push_vllm(vllm_output("probe2", [], finish=0))
