@@ -33,6 +33,7 @@ from smg_trio.gateway.config import (
     DEFAULT_WRITE_TIMEOUT_S,
     REQUEST_TOKENS_CONTEXTS,
 )
+from smg_trio.parsers.reasoning import reasoning_parser_names
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.worker.jobs import DEFAULT_JOB_TTL_S, DEFAULT_MAX_FINISHED_JOBS
 from smg_trio.worker.manager import WORKER_WAIT_TIMEOUT_S
@@ -170,7 +171,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="directories model_path (and every model file) must resolve inside, besides the "
         "startup model directory (default: the Hugging Face hub cache)",
     )
-    g.add_argument("--reasoning-parser", help="split <think> reasoning: qwen3 or deepseek_r1")
+    g.add_argument(
+        "--reasoning-parser",
+        choices=reasoning_parser_names(),
+        metavar="NAME",
+        help="split the model's reasoning into reasoning_content: "
+        f"{', '.join(reasoning_parser_names())} (docs/reasoning.md; default: no split)",
+    )
     g.add_argument(
         "--max-n",
         type=_int_at_least(1),

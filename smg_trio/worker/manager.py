@@ -19,6 +19,7 @@ from smg_trio.connector.client import (
     open_engine_client,
 )
 from smg_trio.errors import ConflictError, EngineError, SmgError, ValidationError
+from smg_trio.parsers.reasoning import get_reasoning_format
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol
@@ -397,6 +398,11 @@ class WorkerManager:
             value = getattr(spec, name)
             if value is not None:
                 require_printable(value, name)
+        if spec.reasoning_parser is not None:
+            try:
+                get_reasoning_format(spec.reasoning_parser)
+            except ValueError as exc:
+                raise ValidationError(str(exc), param="reasoning_parser") from None
         try:
             addrs = worker_addresses(spec.url, spec.zmq_handshake_address)
         except ValueError as exc:

@@ -188,7 +188,9 @@ class ChatDraft:
             plan.n,
             "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
         )
-        reasoning = reasoning_tags(served.reasoning_parser or config.reasoning_parser, prompt)
+        reasoning = reasoning_tags(
+            served.reasoning_parser or config.reasoning_parser, prompt, body.chat_template_kwargs
+        )
         requests = build_requests(
             plan,
             served,

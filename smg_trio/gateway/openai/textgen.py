@@ -13,9 +13,10 @@ from typing import Protocol
 import attrs
 
 from smg_trio.gateway.openai.errors import EngineRequestFailed, engine_failure
+from smg_trio.parsers.reasoning import ReasoningFactory
 from smg_trio.parsers.tools import ToolCallDelta
 from smg_trio.protocol.types import EngineOutput, TokenLogprobs
-from smg_trio.tokenizer import IncrementalDetokenizer, ReasoningParser, StopMatcher, Tokenizer
+from smg_trio.tokenizer import IncrementalDetokenizer, StopMatcher, Tokenizer
 
 __all__ = ["ChoiceCollector", "ChoiceParams", "ChoicePipeline", "LogprobRun", "TextDelta"]
 
@@ -31,8 +32,8 @@ class ChoiceParams:
     remaining context); extra tokens from the engine are dropped and finish as ``length``.
     ``hidden_stop_ids``: ids whose text is not shown when the engine stops on them (EOS and
     stop token ids, vLLM's rule) unless ``include_stop_str_in_output``. ``stops`` are matched
-    only after ``min_tokens`` tokens. ``reasoning`` is ``(start_tag, end_tag, in_reasoning)``
-    or ``None``. ``logprobs``: whether to collect per-token logprobs.
+    only after ``min_tokens`` tokens. ``reasoning`` makes the choice's reasoning parser
+    (``None``: no split); a parser whose markers are special tokens keeps them in the text. ``logprobs``: whether to collect per-token logprobs.
     """
 
     limit: int
@@ -42,7 +43,7 @@ class ChoiceParams:
     min_tokens: int = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    reasoning: tuple[str, str, bool] | None = None
+    reasoning: ReasoningFactory | None = None
     logprobs: bool = False
 
 
@@ -139,9 +140,11 @@ class ChoicePipeline:
     ) -> None:
         self.index = index
         self._params = params
+        self._reasoning = None if params.reasoning is None else params.reasoning()
+        keep_special = self._reasoning is not None and self._reasoning.needs_special_tokens
         self._detok = IncrementalDetokenizer(
             tokenizer,
-            skip_special_tokens=params.skip_special_tokens,
+            skip_special_tokens=params.skip_special_tokens and not keep_special,
             spaces_between_special_tokens=params.spaces_between_special_tokens,
             prompt_ids=prompt_ids[-_PROMPT_CONTEXT:],
         )
@@ -150,13 +153,6 @@ class ChoicePipeline:
             StopMatcher(params.stops, include_stop_str_in_output=self._include)
             if params.stops
             else None
-        )
-        self._reasoning = (
-            None
-            if params.reasoning is None
-            else ReasoningParser(
-                params.reasoning[0], params.reasoning[1], in_reasoning=params.reasoning[2]
-            )
         )
         self._lp: LogprobRun | None = LogprobRun() if params.logprobs else None
         self.completion_tokens = 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -19,13 +19,14 @@ from smg_trio.gateway.config import REQUEST_TOKENS_CONTEXTS, GatewayHttpConfig
 from smg_trio.gateway.openai.fanout import SEED_MODULUS, derive_seed, sub_request_id
 from smg_trio.gateway.openai.schemas import SamplingRequest
 from smg_trio.gateway.openai.textgen import ChoiceParams
+from smg_trio.parsers.reasoning import ReasoningFactory, get_reasoning_format
 from smg_trio.protocol.types import (
     Capabilities,
     GenerateRequest,
     SamplingOptions,
     StructuredOutputs,
 )
-from smg_trio.tokenizer import REASONING_PARSERS, single_token_stop_ids
+from smg_trio.tokenizer import single_token_stop_ids
 
 __all__ = [
     "LogprobRequest",
@@ -450,7 +451,7 @@ def build_requests(
 
 
 def choice_params(
-    plan: Plan, limit: int, reasoning: tuple[str, str, bool] | None = None
+    plan: Plan, limit: int, reasoning: ReasoningFactory | None = None
 ) -> ChoiceParams:
     """The text-pipeline parameters of one choice (see :class:`ChoiceParams`)."""
     s = plan.sampling
@@ -478,20 +479,13 @@ def check_data_parallel_rank(rank: int | None, ranks: Sequence[int]) -> None:
         )
 
 
-def reasoning_tags(name: str | None, prompt: str) -> tuple[str, str, bool] | None:
-    """``(start, end, in_reasoning)`` for parser ``name`` (``None``: no parser). The parser
-    starts inside a reasoning block when the rendered prompt ends with its start tag (the
-    template opened it), outside when it ends with the end tag (thinking switched off), else
-    per the parser's default. Raises ``ValueError`` for an unknown parser."""
+def reasoning_tags(
+    name: str | None, prompt: str, chat_template_kwargs: Mapping[str, Any] | None = None
+) -> ReasoningFactory | None:
+    """The per-choice reasoning parser factory for parser ``name`` (``None``: no parser), its
+    start state chosen from the rendered ``prompt`` and the request's ``chat_template_kwargs``
+    (see docs/reasoning.md); ``None`` also when the format's thinking switch is off. Raises
+    ``ValueError`` for an unknown parser."""
     if name is None:
         return None
-    try:
-        start, end, default = REASONING_PARSERS[name]
-    except KeyError:
-        raise ValueError(f"unknown reasoning parser {name!r}") from None
-    tail = prompt.rstrip()
-    if tail.endswith(start):
-        return start, end, True
-    if tail.endswith(end):
-        return start, end, False
-    return start, end, default
+    return get_reasoning_format(name).start(prompt, chat_template_kwargs)
