@@ -1,4 +1,4 @@
-"""Gateway-side tokenization: tokenizer, chat templates, EOS, detokenizer, stops, reasoning."""
+"""Gateway-side tokenization: tokenizer, chat templates, EOS, detokenizer, stops."""
 
 from __future__ import annotations
 
@@ -7,17 +7,13 @@ from smg_trio.tokenizer.core import Tokenizer
 from smg_trio.tokenizer.detokenizer import IncrementalDetokenizer
 from smg_trio.tokenizer.eos import resolve_eos
 from smg_trio.tokenizer.logprobs import token_bytes, token_text
-from smg_trio.tokenizer.reasoning import REASONING_PARSERS, ReasoningParser, get_reasoning_parser
 from smg_trio.tokenizer.stop import StopMatcher, single_token_stop_ids
 
 __all__ = [
-    "REASONING_PARSERS",
     "ChatTemplate",
     "IncrementalDetokenizer",
-    "ReasoningParser",
     "StopMatcher",
     "Tokenizer",
-    "get_reasoning_parser",
     "normalize_messages",
     "resolve_eos",
     "single_token_stop_ids",

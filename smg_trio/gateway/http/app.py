@@ -33,7 +33,7 @@ from smg_trio.gateway.server.asgi_shield import ShieldedFinish
 from smg_trio.gateway.server.direct import SERVER_SEND_KEY, DirectSocket
 from smg_trio.gateway.server.hypercorn_errors import HTTP2_ENABLED_ATTR
 from smg_trio.gateway.server.serve import serve
-from smg_trio.tokenizer import REASONING_PARSERS
+from smg_trio.parsers.reasoning import get_reasoning_format
 
 __all__ = ["GATEWAY_KEY", "create_app", "gateway_of", "listen_backlog", "serve_http"]
 
@@ -112,11 +112,8 @@ def create_app(
     an unknown ``config.reasoning_parser``.
     """
     config = config or GatewayHttpConfig()
-    if config.reasoning_parser is not None and config.reasoning_parser not in REASONING_PARSERS:
-        raise ValueError(
-            f"unknown reasoning parser {config.reasoning_parser!r}; "
-            f"valid: {', '.join(sorted(REASONING_PARSERS))}"
-        )
+    if config.reasoning_parser is not None:
+        get_reasoning_format(config.reasoning_parser)  # ValueError listing the names
     metrics = metrics or GatewayMetrics()
     gw = Gateway(backend, config, metrics)
 

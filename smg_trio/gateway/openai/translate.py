@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -19,13 +19,15 @@ from smg_trio.gateway.config import REQUEST_TOKENS_CONTEXTS, GatewayHttpConfig
 from smg_trio.gateway.openai.fanout import SEED_MODULUS, derive_seed, sub_request_id
 from smg_trio.gateway.openai.schemas import SamplingRequest
 from smg_trio.gateway.openai.textgen import ChoiceParams
+from smg_trio.gateway.openai.tools import ToolPlan
+from smg_trio.parsers.reasoning import ReasoningFactory, get_reasoning_format
 from smg_trio.protocol.types import (
     Capabilities,
     GenerateRequest,
     SamplingOptions,
     StructuredOutputs,
 )
-from smg_trio.tokenizer import REASONING_PARSERS, single_token_stop_ids
+from smg_trio.tokenizer import single_token_stop_ids
 
 __all__ = [
     "LogprobRequest",
@@ -203,8 +205,12 @@ def _constraints(body: SamplingRequest) -> list[tuple[str, str, StructuredOutput
     return found
 
 
-def _structured(body: SamplingRequest, caps: Capabilities) -> StructuredOutputs | None:
+def _structured(
+    body: SamplingRequest, caps: Capabilities, tool_constraint: StructuredOutputs | None = None
+) -> StructuredOutputs | None:
     found = _constraints(body)
+    if tool_constraint is not None:  # tool_choice required / a named function
+        found.insert(0, ("tool_choice", "json", tool_constraint))
     if not found:
         return None
     if len(found) > 1:
@@ -241,13 +247,15 @@ def build_plan(
     max_tokens: int | None,
     logprobs: LogprobRequest,
     prompts: int = 1,
+    tool_constraint: StructuredOutputs | None = None,
 ) -> Plan:
     """Validate the shared fields and map them to ``SamplingOptions``.
 
     ``max_tokens`` is the endpoint's resolved value (``None``: unset); ``prompts`` the number
     of prompts (``prompts * n`` is held to ``config.max_sequences_per_request``). Raises
     ``ValidationError`` (400, ``param`` set) or ``UnsupportedField`` (400, the engine's wire
-    cannot carry the field).
+    cannot carry the field). ``tool_constraint``: the JSON schema ``tool_choice`` asks for
+    (a 400 naming ``tool_choice`` where the wire cannot carry JSON constraints).
     """
     caps = served.protocol.capabilities
     tokenizer = served.tokenizer
@@ -285,7 +293,7 @@ def build_plan(
             raise UnsupportedField("logit_bias", caps.engine)
         logit_bias = _logit_bias(body.logit_bias, vocab)
     _check_logprobs(logprobs, caps, config)
-    structured = _structured(body, caps)
+    structured = _structured(body, caps, tool_constraint)
 
     stops = _stops(body.stop)
     user_ids = _token_ids(body.stop_token_ids or [], vocab, "stop_token_ids")
@@ -450,20 +458,28 @@ def build_requests(
 
 
 def choice_params(
-    plan: Plan, limit: int, reasoning: tuple[str, str, bool] | None = None
+    plan: Plan,
+    limit: int,
+    reasoning: ReasoningFactory | None = None,
+    tools: ToolPlan | None = None,
 ) -> ChoiceParams:
-    """The text-pipeline parameters of one choice (see :class:`ChoiceParams`)."""
+    """The text-pipeline parameters of one choice (see :class:`ChoiceParams`); with a tool
+    parser whose markers are special tokens, the detokenizer keeps special tokens (EOS is
+    still hidden)."""
     s = plan.sampling
+    tools = tools or ToolPlan()
     return ChoiceParams(
         limit=limit,
         stops=plan.stops,
         include_stop_str_in_output=plan.include_stop_str_in_output,
         hidden_stop_ids=plan.hidden_stop_ids,
         min_tokens=s.min_tokens,
-        skip_special_tokens=s.skip_special_tokens,
+        skip_special_tokens=s.skip_special_tokens and not tools.keep_special_tokens,
         spaces_between_special_tokens=s.spaces_between_special_tokens,
         reasoning=reasoning,
         logprobs=s.logprobs is not None,
+        tool_parser=tools.parser,
+        max_tool_calls=tools.max_calls,
     )
 
 
@@ -478,20 +494,13 @@ def check_data_parallel_rank(rank: int | None, ranks: Sequence[int]) -> None:
         )
 
 
-def reasoning_tags(name: str | None, prompt: str) -> tuple[str, str, bool] | None:
-    """``(start, end, in_reasoning)`` for parser ``name`` (``None``: no parser). The parser
-    starts inside a reasoning block when the rendered prompt ends with its start tag (the
-    template opened it), outside when it ends with the end tag (thinking switched off), else
-    per the parser's default. Raises ``ValueError`` for an unknown parser."""
+def reasoning_tags(
+    name: str | None, prompt: str, chat_template_kwargs: Mapping[str, Any] | None = None
+) -> ReasoningFactory | None:
+    """The per-choice reasoning parser factory for parser ``name`` (``None``: no parser), its
+    start state chosen from the rendered ``prompt`` and the request's ``chat_template_kwargs``
+    (see docs/reasoning.md); ``None`` also when the format's thinking switch is off. Raises
+    ``ValueError`` for an unknown parser."""
     if name is None:
         return None
-    try:
-        start, end, default = REASONING_PARSERS[name]
-    except KeyError:
-        raise ValueError(f"unknown reasoning parser {name!r}") from None
-    tail = prompt.rstrip()
-    if tail.endswith(start):
-        return start, end, True
-    if tail.endswith(end):
-        return start, end, False
-    return start, end, default
+    return get_reasoning_format(name).start(prompt, chat_template_kwargs)

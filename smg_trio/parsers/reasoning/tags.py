@@ -1,15 +1,22 @@
-"""Reasoning parsers: split ``<think>...</think>`` output into reasoning and content, streaming."""
+"""Tag-delimited reasoning (``<think>...</think>``, ``[THINK]...[/THINK]``), streaming."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any, ClassVar
+
+import attrs
+
+from smg_trio.parsers.reasoning.base import ReasoningFactory, switch_on
 from smg_trio.tokenizer._holdback import PrefixIndex
 
-__all__ = ["REASONING_PARSERS", "ReasoningParser", "get_reasoning_parser"]
+__all__ = ["TagFormat", "TagParser"]
 
 _BEFORE, _REASONING, _CONTENT = 0, 1, 2
 
 
-class ReasoningParser:
+class TagParser:
     """Streaming splitter for one reasoning block delimited by ``start`` / ``end`` tags.
 
     Not in reasoning (``in_reasoning=False``, e.g. Qwen3): text is content until the first
@@ -18,14 +25,18 @@ class ReasoningParser:
     DeepSeek-R1) text is reasoning from the first character; a ``start`` tag the model
     repeats at the very beginning is dropped. Tags are removed from both outputs; a tag
     split across deltas is recognized (its partial prefix is held back, never leaked).
-    Whitespace is passed through untouched, so streamed and :meth:`split` results agree.
+    ``implicit_ends`` are markers that also end the block but belong to the content and stay
+    in it (Kimi K2 starts its tool-call section without closing its thinking).
+    Whitespace is passed through untouched, so streamed and whole results agree.
     """
+
+    needs_special_tokens: ClassVar[bool] = False
 
     __slots__ = (
         "_end",
         "_end_prefixes",
+        "_ends",
         "_held",
-        "_initial",
         "_opened",
         "_start",
         "_start_prefixes",
@@ -34,15 +45,20 @@ class ReasoningParser:
     )
 
     def __init__(
-        self, start: str = "<think>", end: str = "</think>", *, in_reasoning: bool = False
+        self,
+        start: str = "<think>",
+        end: str = "</think>",
+        *,
+        in_reasoning: bool = False,
+        implicit_ends: Sequence[str] = (),
     ) -> None:
-        if not start or not end:
+        if not start or not end or not all(implicit_ends):
             raise ValueError("reasoning start and end tags must be non-empty")
         self._start = start
         self._end = end
+        self._ends = (end, *implicit_ends)
         self._start_prefixes = PrefixIndex([start])
-        self._end_prefixes = PrefixIndex([end])
-        self._initial = in_reasoning
+        self._end_prefixes = PrefixIndex(self._ends)
         self._state = _REASONING if in_reasoning else _BEFORE
         self._opened = in_reasoning
         self._strip_start = in_reasoning
@@ -58,9 +74,17 @@ class ReasoningParser:
         """Whether a reasoning block was opened (in the prompt or by a ``start`` tag)."""
         return self._opened
 
-    def push(self, delta: str) -> tuple[str, str]:
+    def _find_end(self, buf: str) -> tuple[int, str]:
+        best, marker = -1, ""
+        for m in self._ends:
+            i = buf.find(m)
+            if i >= 0 and (best < 0 or i < best):
+                best, marker = i, m
+        return best, marker
+
+    def push(self, text: str) -> tuple[str, str]:
         """Feed new text; return ``(reasoning_delta, content_delta)``, either may be ``""``."""
-        buf = self._held + delta
+        buf = self._held + text
         self._held = ""
         reasoning: list[str] = []
         content: list[str] = []
@@ -88,10 +112,11 @@ class ReasoningParser:
                 if buf.startswith(self._start):
                     buf = buf[len(self._start) :]
                     continue
-            i = buf.find(self._end)
+            i, marker = self._find_end(buf)
             if i >= 0:
                 reasoning.append(buf[:i])
-                buf = buf[i + len(self._end) :]
+                # the end tag is dropped; an implicit end stays, as the content's start
+                buf = buf[i + len(marker) :] if marker == self._end else buf[i:]
                 self._state = _CONTENT
                 continue
             cut = len(buf) - self._end_prefixes.partial_suffix_len(buf)
@@ -106,31 +131,50 @@ class ReasoningParser:
         self._strip_start = False
         return (held, "") if self._state == _REASONING else ("", held)
 
-    def split(self, text: str) -> tuple[str | None, str]:
-        """Non-streaming: ``(reasoning or None if no block was opened, content)`` of a whole
-        output, starting from this parser's initial mode; this parser's state is untouched."""
-        parser = ReasoningParser(self._start, self._end, in_reasoning=self._initial)
-        r1, c1 = parser.push(text)
-        r2, c2 = parser.flush()
-        return (r1 + r2 if parser.reasoning_seen else None), c1 + c2
+
+class _SpecialTagParser(TagParser):
+    """A :class:`TagParser` whose tags are special tokens of the model's vocabulary."""
+
+    needs_special_tokens: ClassVar[bool] = True
+    __slots__ = ()
 
 
-#: Registered parser names -> (start tag, end tag, starts in reasoning).
-REASONING_PARSERS: dict[str, tuple[str, str, bool]] = {
-    "deepseek_r1": ("<think>", "</think>", True),
-    "qwen3": ("<think>", "</think>", False),
-}
+@attrs.frozen(kw_only=True)
+class TagFormat:
+    """A tag format: its tags, whether output starts inside the block by default
+    (``in_reasoning``), its thinking switch (``switch``: ``chat_template_kwargs`` keys, and
+    ``switch_default`` when none is given; ``()`` for none) and its ``implicit_ends``.
 
+    The start state follows the rendered prompt first: a prompt ending with the start tag
+    (the template opened the block) starts inside it, one ending with the end tag (the
+    template closed an empty block: thinking off) starts outside, else ``in_reasoning``.
+    """
 
-def get_reasoning_parser(name: str, *, in_reasoning: bool | None = None) -> ReasoningParser:
-    """A fresh parser for ``name`` (``"qwen3"`` or ``"deepseek_r1"``); ``in_reasoning``
-    overrides the parser's default (e.g. when ``enable_thinking`` made the template open the
-    block). Raises ``ValueError`` listing the valid names for an unknown one."""
-    try:
-        start, end, default = REASONING_PARSERS[name]
-    except KeyError:
-        valid = ", ".join(sorted(REASONING_PARSERS))
-        raise ValueError(f"unknown reasoning parser {name!r}; valid names: {valid}") from None
-    return ReasoningParser(
-        start, end, in_reasoning=default if in_reasoning is None else in_reasoning
-    )
+    start_tag: str
+    end_tag: str
+    in_reasoning: bool = False
+    switch: tuple[str, ...] = ()
+    switch_default: bool = True
+    implicit_ends: tuple[str, ...] = ()
+    special_tokens: bool = False
+
+    def start(
+        self, prompt: str, chat_template_kwargs: Mapping[str, Any] | None
+    ) -> ReasoningFactory | None:
+        if self.switch and not switch_on(chat_template_kwargs, self.switch, self.switch_default):
+            return None
+        tail = prompt.rstrip()
+        if tail.endswith(self.start_tag):
+            in_reasoning = True
+        elif tail.endswith(self.end_tag):
+            in_reasoning = False
+        else:
+            in_reasoning = self.in_reasoning
+        cls = _SpecialTagParser if self.special_tokens else TagParser
+        return partial(
+            cls,
+            self.start_tag,
+            self.end_tag,
+            in_reasoning=in_reasoning,
+            implicit_ends=self.implicit_ends,
+        )
