@@ -226,3 +226,38 @@ async def test_an_agent_turn_renders_through_a_string_template(
             assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
             assert "<tool_response>\nsunny\n</tool_response>" in prompt
             assert prompt.endswith("<think>\n\n</think>\n\n")
+
+
+async def test_logprobs_stay_with_their_tokens_through_reasoning_and_tool_calls(
+    harness: HarnessFactory, tok: Any
+) -> None:
+    """Each delta carries the logprobs of the tokens it covers, whichever part they fell in
+    (reasoning, content, a held-back call): streamed they add up to the whole response's."""
+    steps = [
+        "<think>",
+        "hmm",
+        "</think>",
+        "ok ",
+        "<tool_call>",
+        '{"name": "f", "arguments": {"a": 1}}',
+        "</tool_call>",
+    ]
+    with trio.fail_after(DEADLINE_S):
+        async with harness(
+            plan=lambda r: steps_of(tok, *steps), config=HERMES, reasoning_parser="qwen3"
+        ) as h:
+            body: dict[str, Any] = {"max_tokens": 60, "tools": [fn("f")], "logprobs": True}
+            whole = (await h.chat(**body)).json()
+            choice = whole["choices"][0]
+            assert choice["message"]["reasoning_content"] == "hmm"
+            assert choice["message"]["content"] == "ok "
+            assert choice["finish_reason"] == "tool_calls"
+            tokens = [e["token"] for e in choice["logprobs"]["content"]]
+            assert len(tokens) == whole["usage"]["completion_tokens"]
+            resp = await h.chat(stream=True, **body)
+            streamed: list[str] = []
+            for chunk in sse_chunks(resp.content):
+                for c in chunk["choices"]:
+                    if c.get("logprobs"):
+                        streamed += [e["token"] for e in c["logprobs"]["content"]]
+            assert streamed == tokens
