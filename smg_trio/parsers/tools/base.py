@@ -90,7 +90,7 @@ def _load_formats() -> None:
 
 
 #: The format modules under ``smg_trio/parsers/tools/`` (one per format family).
-FORMAT_MODULES: tuple[str, ...] = ("hermes", "openai")
+FORMAT_MODULES: tuple[str, ...] = ("hermes", "llama3_json", "mistral", "openai", "pythonic")
 
 
 def tool_parser_names() -> list[str]:
