@@ -23,6 +23,7 @@ from smg_trio.serve.commands import (
 from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 from smg_trio.serve.discovery import DiscoveryWatcher
 from smg_trio.serve.launcher import EngineExited, run_engine_process
+from smg_trio.tokenizer.hub import is_hub_id
 from smg_trio.transport.sockdir import default_socket_dir
 from smg_trio.worker.confine import WorkerConfinement, hf_hub_cache, is_loopback_host
 from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
@@ -110,7 +111,10 @@ def _confinement(config: GatewayConfig) -> WorkerConfinement:
         if url.startswith("ipc://") and path.startswith("/"):
             socket_dirs.append(os.path.dirname(os.path.normpath(path)))
     socket_dirs += config.allowed_socket_dirs
-    models = [p for p in (config.model_path, eng.model if eng else None) if p]
+    # an engine's model that is a hub id is no directory: the gateway's snapshot of it is
+    # config.model_path, and the hub cache holds it
+    engine_dir = eng.model if eng and eng.model and not is_hub_id(eng.model) else None
+    models = [p for p in (config.model_path, engine_dir) if p]
     models += (
         config.allowed_model_dirs if config.allowed_model_dirs is not None else [hf_hub_cache()]
     )
