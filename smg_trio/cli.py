@@ -330,6 +330,13 @@ def _parser() -> argparse.ArgumentParser:
         "bin/python (default: this interpreter)",
     )
     s.add_argument(
+        "--engine-log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="forward the engines' log lines from this level on, each at the engine's own "
+        "level and with its [engine-PORT] prefix (default %(default)s)",
+    )
+    s.add_argument(
         "--mock-script",
         metavar="FILE",
         help="with --backend mock: a JSON or TOML file of rules that answer matching prompts "
@@ -623,6 +630,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
                 socket_dir=args.socket_dir,
                 python=args.engine_python,
                 mock_script=args.mock_script,
+                engine_log_level=args.engine_log_level,
             ),
             **common,
         )
