@@ -5,6 +5,7 @@ to fetch it; a SentencePiece-only model is refused with what to do."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -177,8 +178,14 @@ async def test_post_workers_ids_resolve_in_the_cache(hub: Path, tmp_path: Path) 
 def test_main_with_an_id_not_cached_exits_2_before_launch(
     hub: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["serve", "--backend", "vllm", "--model", "Qwen/Qwen2.5-0.5B"])
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:  # main() installs its own handler on the captured stderr: put the old ones back
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["serve", "--backend", "vllm", "--model", "Qwen/Qwen2.5-0.5B"])
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "Qwen/Qwen2.5-0.5B" in err
