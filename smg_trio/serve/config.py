@@ -49,6 +49,8 @@ class EngineLaunchConfig:
     socket_dir: str | None = None
     python: str | None = None
     mock_script: str | None = None
+    #: The engines' log lines below this level are not forwarded (``--engine-log-level``).
+    engine_log_level: str = "info"
 
 
 @attrs.frozen
@@ -112,3 +114,5 @@ class GatewayConfig:
     allowed_socket_dirs: tuple[str, ...] = ()
     allowed_engine_hosts: tuple[str, ...] = ()
     allowed_model_dirs: tuple[str, ...] | None = None
+    #: While startup workers register, the longest gap between progress lines.
+    startup_progress_interval_s: float = 5.0

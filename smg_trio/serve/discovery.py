@@ -177,7 +177,7 @@ class DiscoveryWatcher:
                 spec = parse_worker_spec(merged, what="a discovery entry")
                 if spec.url in desired:
                     raise ValidationError(f"duplicate entry for url {spec.url}", param="url")
-                await self.manager.check_spec(spec)
+                spec = await self.manager.check_spec(spec)
             except ValidationError as exc:
                 log.error("discovery file %s: refused %s: %s", self.path, name, escape(exc.message))
                 url = entry.get("url") if isinstance(entry, dict) else None

@@ -16,6 +16,7 @@ import trio
 from smg_trio.errors import SmgError
 from smg_trio.serve import guard
 from smg_trio.serve.commands import EngineLaunch
+from smg_trio.serve.enginelog import EngineLogLevels
 
 __all__ = ["ENGINE_STOP_GRACE_S", "EngineExited", "run_engine_process"]
 
@@ -71,18 +72,27 @@ async def _stop_group(proc: trio.Process, force: trio.Event | None = None) -> No
     _killpg(proc.pid, signal.SIGKILL)
 
 
-async def _forward(stream: trio.abc.ReceiveStream, name: str, tail: deque[str]) -> None:
+async def _forward(
+    stream: trio.abc.ReceiveStream, name: str, tail: deque[str], min_level: int = logging.INFO
+) -> None:
+    """Log the engine's lines as ``[name] line`` at the engine's own level (those below
+    ``min_level`` are dropped); every line goes to ``tail`` for :class:`EngineExited`."""
     buf = b""
+    levels = EngineLogLevels()
+
+    def emit(line: str) -> None:
+        tail.append(line)
+        level = levels.level(line)
+        if level >= min_level:
+            log.log(level, "[%s] %s", name, line)
+
     async for chunk in stream:
         buf += chunk
         *lines, buf = buf.split(b"\n")
         for raw in lines:
-            line = raw.decode(errors="replace").rstrip()
-            tail.append(line)
-            log.info("[%s] %s", name, line)
+            emit(raw.decode(errors="replace").rstrip())
     if buf:
-        tail.append(buf.decode(errors="replace"))
-        log.info("[%s] %s", name, tail[-1])
+        emit(buf.decode(errors="replace"))
 
 
 async def run_engine_process(
@@ -137,7 +147,7 @@ async def run_engine_process(
             forwarded = trio.Event()
 
             async def forward(stdout: trio.abc.ReceiveStream) -> None:
-                await _forward(stdout, name, tail)
+                await _forward(stdout, name, tail, launch.log_level)
                 forwarded.set()
 
             nursery.start_soon(forward, proc.stdout)

@@ -9,24 +9,11 @@ from collections.abc import Iterable
 import attrs
 
 from smg_trio.errors import ModelPathError, ValidationError
+from smg_trio.tokenizer.hub import hf_hub_cache
 from smg_trio.tokenizer.modeldir import inside
 from smg_trio.transport.sockdir import default_socket_dir
 
 __all__ = ["WorkerConfinement", "escape", "hf_hub_cache", "is_loopback_host", "require_printable"]
-
-
-def hf_hub_cache() -> str:
-    """The Hugging Face hub cache, as ``huggingface_hub`` finds it: ``$HF_HUB_CACHE``, else
-    ``$HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub`` (``~/.cache`` by default)."""
-    env = os.environ
-    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
-    if cache:
-        return os.path.expanduser(cache)
-    home = env.get("HF_HOME") or os.path.join(
-        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "huggingface",
-    )
-    return os.path.join(os.path.expanduser(home), "hub")
 
 
 def escape(text: str) -> str:

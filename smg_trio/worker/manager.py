@@ -4,6 +4,7 @@ re-handshake restarted engines, removal with drain, and the gateway's backend vi
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from smg_trio.protocol.types import EngineProtocol
 from smg_trio.protocol.vllm import VllmProtocol
 from smg_trio.tokenizer.core import Tokenizer, load_model_json
 from smg_trio.tokenizer.eos import resolve_eos
+from smg_trio.tokenizer.hub import HubModelError, is_hub_id, resolve_hub_model
 from smg_trio.tokenizer.modeldir import ModelDir
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.topology import HandshakeSocket, bind_handshake_socket
@@ -186,6 +188,21 @@ def _model_id_for(spec: WorkerSpec) -> str:
     if spec.model_path:
         return spec.model_path
     raise ValidationError("a worker needs model_path or model_id", param="model_path")
+
+
+def _resolve_hub_spec(spec: WorkerSpec) -> WorkerSpec:
+    """``spec`` with a Hugging Face id (``model_path``, else ``model_id``; a local directory
+    of that name wins) replaced by its snapshot in the hub cache, the id becoming the
+    default ``model_id``. Cache only: a request never makes the gateway fetch a repo.
+    Blocking I/O: run it in a thread. Raises ``ValidationError``."""
+    param, ref = ("model_path", spec.model_path) if spec.model_path else ("model_id", spec.model_id)
+    if ref is None or not is_hub_id(ref) or os.path.isdir(ref):
+        return spec
+    try:
+        hub = resolve_hub_model(ref, allow_download=False)
+    except HubModelError as exc:
+        raise ValidationError(str(exc), param=param) from exc
+    return attrs.evolve(spec, model_path=hub.path, model_id=spec.model_id or hub.repo_id)
 
 
 def _config_max_len(model_dir: ModelDir) -> int | None:
@@ -427,15 +444,22 @@ class WorkerManager:
             )
         return runtime, addrs  # type: ignore[return-value]
 
-    async def check_spec(self, spec: WorkerSpec) -> None:
+    async def check_spec(self, spec: WorkerSpec) -> WorkerSpec:
         """:meth:`validate_spec` plus the checks that need the filesystem (off the event
         loop): ``model_path`` and each model file it holds resolve inside the model roots.
         ``POST /workers`` calls it first so that such a spec is a 400, not a failed job; the
-        registration re-checks every file as it reads it. Raises ``ValidationError``."""
+        registration re-checks every file as it reads it. Returns the spec to add: a Hugging
+        Face id in ``model_path`` (or in ``model_id`` alone, for a model not yet served)
+        becomes its snapshot in the hub cache (never fetched: see docs/models.md). Raises
+        ``ValidationError``."""
+        joins = spec.model_path is None and spec.model_id is not None
+        if not joins or self.get_model(spec.model_id or "") is None:
+            spec = await trio.to_thread.run_sync(_resolve_hub_spec, spec)
         self.validate_spec(spec)
         await trio.to_thread.run_sync(
             _check_model_files, spec.model_path, self.confinement.model_dirs
         )
+        return spec
 
     def add_worker(self, spec: WorkerSpec) -> RegistrationJob:
         """Validate (raises ``ValidationError``), reserve the worker, and start its registration
