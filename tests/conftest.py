@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from smg_trio.mock.tiny_model import default_tiny_model_dir
+from tests.helpers.deepseek_vocab import build_deepseek_model_dir
 from tests.helpers.ipc import IpcNamespace
 
 
@@ -15,6 +16,13 @@ from tests.helpers.ipc import IpcNamespace
 def model_dir() -> Path:
     """The generated tiny model (built once per machine)."""
     return default_tiny_model_dir()
+
+
+@pytest.fixture(scope="session")
+def deepseek_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model directory with DeepSeek's real vocabulary and a tool-rendering chat template
+    (tests/helpers/deepseek_vocab.py): the mock engine and the gateway serve it."""
+    return build_deepseek_model_dir(tmp_path_factory.mktemp("deepseek-model"))
 
 
 @pytest.fixture
