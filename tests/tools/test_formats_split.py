@@ -130,3 +130,21 @@ def test_a_truncated_call_never_raises() -> None:
             res = _run(case, [case.text[:i]])
             if not res.names:
                 assert res.content == case.text[:i]
+
+
+@pytest.mark.parametrize(
+    ("parser", "head", "fragment"),
+    [
+        ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=s>\nhello wor", '{"s": "hello wor'),
+        ("glm45", "<tool_call>f\n<arg_key>s</arg_key>\n<arg_value>hello wor", '{"s": "hello wor'),
+        ("deepseek_v31", f"{deepseek_v3.CALLS_BEGIN}{deepseek_v3.CALL_BEGIN}f{deepseek_v3.SEP}"
+         '{"s": "hello wor', '{"s": "hello wor'),
+    ],
+)  # fmt: skip
+def test_arguments_stream_before_the_call_ends(parser: str, head: str, fragment: str) -> None:
+    # A long string argument (a file a coding model writes) streams as it is generated.
+    tool = ToolSpec("f", {"type": "object", "properties": {"s": {"type": "string"}}})
+    p = get_tool_parser(parser)([tool])
+    content, deltas = p.push(head)
+    assert content == ""
+    assert [(d.name, d.arguments) for d in deltas] == [("f", fragment)]

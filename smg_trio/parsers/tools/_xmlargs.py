@@ -1,9 +1,10 @@
 """XML-style parameters to JSON: each value converted by its schema type, deterministically.
 
 The formats that write one tag per parameter (Qwen3-Coder, GLM-4.5) carry text values; the
-tool's JSON Schema says what each one is. The arguments are streamed one complete parameter
-at a time (``{"a": 1`` then ``, "b": "x"`` then ``}``), so the fragments concatenate to exactly
-``json.dumps(arguments, ensure_ascii=False)``, the non-streamed text.
+tool's JSON Schema says what each one is. A ``string`` parameter streams as it arrives, any
+other goes out when complete (``{"a": 1`` then ``, "b": "x`` then ``y"`` then ``}``), and the
+fragments concatenate to exactly ``json.dumps(arguments, ensure_ascii=False)``, whatever the
+pieces the text came in.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from smg_trio.parsers.tools.base import ToolSpec
 
-__all__ = ["ArgsWriter", "convert_value", "param_types"]
+__all__ = ["ArgsWriter", "ValueStream", "convert_value", "param_types"]
 
 
 def _no_constant(name: str) -> Any:
@@ -78,9 +79,14 @@ def convert_value(text: str, kind: str | None) -> Any:
     return value
 
 
+def _escape(text: str) -> str:
+    """``text`` as it appears inside a JSON string (per character, so it concatenates)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
 class ArgsWriter:
-    """Builds one call's arguments JSON a parameter at a time; ``add`` and ``close`` return
-    the next fragment."""
+    """Builds one call's arguments JSON a parameter at a time; each method returns the next
+    fragment."""
 
     __slots__ = ("_count", "_types")
 
@@ -88,13 +94,66 @@ class ArgsWriter:
         self._types = types
         self._count = 0
 
-    def add(self, key: str, text: str) -> str:
-        value = convert_value(text, self._types.get(key))
+    def is_string(self, key: str) -> bool:
+        return self._types.get(key) == "string"
+
+    def _lead(self, key: str) -> str:
         lead = "{" if self._count == 0 else ", "
         self._count += 1
-        return (
-            f"{lead}{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
-        )
+        return f"{lead}{json.dumps(key, ensure_ascii=False)}: "
+
+    def add(self, key: str, text: str) -> str:
+        value = convert_value(text, self._types.get(key))
+        return self._lead(key) + json.dumps(value, ensure_ascii=False)
+
+    def open_string(self, key: str) -> str:
+        return self._lead(key) + '"'
 
     def close(self) -> str:
         return "{}" if self._count == 0 else "}"
+
+
+class ValueStream:
+    """One parameter's value text, arriving in pieces (none holding a tag), turned into
+    arguments fragments: a ``string`` parameter streams as it comes, any other is converted
+    when complete. ``strip_newlines``: one leading and one trailing newline are not part of
+    the value (Qwen3-Coder's layout)."""
+
+    __slots__ = ("_key", "_lead_done", "_opened", "_pending", "_string", "_strip", "_writer")
+
+    def __init__(self, writer: ArgsWriter, key: str, *, strip_newlines: bool) -> None:
+        self._writer = writer
+        self._key = key
+        self._string = writer.is_string(key)
+        self._strip = strip_newlines
+        self._lead_done = not strip_newlines
+        self._opened = False
+        self._pending = ""
+
+    def feed(self, text: str) -> str:
+        self._pending += text
+        if not self._string or not self._pending:
+            return ""
+        if not self._lead_done:
+            self._pending = self._pending.removeprefix("\n")
+            self._lead_done = True
+        out = ""
+        if not self._opened:
+            out, self._opened = self._writer.open_string(self._key), True
+        emit = self._pending
+        hold = "\n" if self._strip and emit.endswith("\n") else ""  # maybe the last one
+        self._pending = hold
+        return out + _escape(emit[: len(emit) - len(hold)])
+
+    def end(self) -> str:
+        """The value is complete (or the output ended inside it): its last fragment."""
+        value = self._pending
+        self._pending = ""
+        if not self._lead_done:
+            value = value.removeprefix("\n")
+        if self._strip:
+            value = value.removesuffix("\n")
+        if not self._string:
+            return self._writer.add(self._key, value)
+        out = "" if self._opened else self._writer.open_string(self._key)
+        return out + _escape(value) + '"'

@@ -1,10 +1,10 @@
 """GLM-4.5 tool calls: ``<tool_call>NAME`` then ``<arg_key>K</arg_key><arg_value>V</arg_value>``.
 
-Values are text; :mod:`._xmlargs` converts them to JSON by the tool's schema and streams the
-arguments one complete parameter at a time. Malformed output (docs/tools.md): a call whose
-function name cannot be read or is not one of the tools goes to ``content`` as its raw text;
-once the name is out the call is kept, and a truncated call's arguments are its complete
-parameters (closed with ``}``).
+Values are text; :mod:`._xmlargs` converts them to JSON by the tool's schema (a ``string``
+streams as it arrives). Malformed output (docs/tools.md): a call whose function name cannot
+be read or is not one of the tools goes to ``content`` as its raw text; once the name is out
+the call is kept, and a truncated call keeps its parameters as far as they came, closed to
+valid JSON.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from smg_trio.parsers.tools._markers import find_marker, merge_deltas
-from smg_trio.parsers.tools._xmlargs import ArgsWriter, param_types
+from smg_trio.parsers.tools._xmlargs import ArgsWriter, ValueStream, param_types
 from smg_trio.parsers.tools.base import ToolCallDelta, ToolSpec, register
 
 __all__ = ["Glm45Parser"]
@@ -40,6 +40,7 @@ class Glm45Parser:
         self._raw = ""
         self._text = ""
         self._key = ""
+        self._value: ValueStream | None = None
         self._state = _OUT
         self._index = 0
         self._args = ArgsWriter({})
@@ -53,8 +54,11 @@ class Glm45Parser:
         if self._state in (_NAME, _SKIP):
             content += self._raw + self._buf
         elif self._state in (_ARGS, _KEY, _PREVALUE, _VALUE):
+            if self._state == _VALUE and self._value is not None:  # kept as far as it came
+                calls.append(ToolCallDelta(index=self._index, arguments=self._value.end()))
             calls.append(self._close())
         self._buf = self._raw = self._text = ""
+        self._value = None
         self._state = _OUT
         return content, merge_deltas(calls)
 
@@ -138,37 +142,36 @@ class Glm45Parser:
                 else:
                     calls.append(self._close())
                     self._state = _BETWEEN
-            elif state in (_KEY, _VALUE):
-                ends = (
-                    (KEY_END, TOOL_CALL_END) if state == _KEY else (VALUE_END, KEY, TOOL_CALL_END)
-                )
-                pos, marker = find_marker(buf, ends)
+            elif state == _KEY:
+                pos, marker = find_marker(buf, (KEY_END, TOOL_CALL_END))
                 if marker is None:
                     cut = len(buf) if final else pos
                     self._text += buf[:cut]
                     self._buf = buf[cut:]
                     break
-                text = self._text + buf[:pos]
-                self._text = ""
-                if marker == TOOL_CALL_END or (state == _VALUE and marker == KEY):
-                    if state == _VALUE:  # no </arg_value>: the value ends at the next tag
-                        calls.append(
-                            ToolCallDelta(
-                                index=self._index, arguments=self._args.add(self._key, text)
-                            )
-                        )
-                    self._buf = buf[pos:]
-                    self._state = _ARGS
-                elif state == _KEY:
-                    self._key = text.strip()
+                if marker == KEY_END:
+                    self._key = (self._text + buf[:pos]).strip()
                     self._buf = buf[pos + len(marker) :]
                     self._state = _PREVALUE
-                else:
-                    calls.append(
-                        ToolCallDelta(index=self._index, arguments=self._args.add(self._key, text))
-                    )
-                    self._buf = buf[pos + len(marker) :]
+                else:  # a key without a value: skipped
+                    self._buf = buf[pos:]
                     self._state = _ARGS
+                self._text = ""
+            elif state == _VALUE:
+                assert self._value is not None
+                pos, marker = find_marker(buf, (VALUE_END, KEY, TOOL_CALL_END))
+                if marker is None:
+                    cut = len(buf) if final else pos
+                    if fragment := self._value.feed(buf[:cut]):
+                        calls.append(ToolCallDelta(index=self._index, arguments=fragment))
+                    self._buf = buf[cut:]
+                    break
+                fragment = self._value.feed(buf[:pos]) + self._value.end()
+                calls.append(ToolCallDelta(index=self._index, arguments=fragment))
+                self._value = None
+                # Without </arg_value>, the value ends at the next tag (kept for _ARGS).
+                self._buf = buf[pos + len(marker) :] if marker == VALUE_END else buf[pos:]
+                self._state = _ARGS
             else:  # _PREVALUE: between </arg_key> and <arg_value>
                 pos, marker = find_marker(buf, (VALUE, KEY, TOOL_CALL_END))
                 if marker is None:
@@ -178,7 +181,7 @@ class Glm45Parser:
                     continue
                 if marker == VALUE:
                     self._buf = buf[pos + len(marker) :]
-                    self._text = ""
+                    self._value = ValueStream(self._args, self._key, strip_newlines=False)
                     self._state = _VALUE
                 else:  # a key without a value: skipped
                     self._buf = buf[pos:]

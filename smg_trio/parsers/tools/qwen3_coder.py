@@ -1,10 +1,11 @@
 """Qwen3-Coder tool calls: ``<tool_call><function=NAME><parameter=KEY>value</parameter>...``.
 
-Values are text; :mod:`._xmlargs` converts them to JSON by the tool's schema and streams the
-arguments one complete parameter at a time. Malformed output (docs/tools.md): a call whose
-function name cannot be read or is not one of the tools goes to ``content`` as its raw text;
-once the name is out the call is kept, and a truncated call's arguments are its complete
-parameters (closed with ``}``).
+Values are text; :mod:`._xmlargs` converts them to JSON by the tool's schema (a ``string``
+streams as it arrives; the newline after the opening tag and before the closing one are the
+layout's, not the value's). Malformed output (docs/tools.md): a call whose function name
+cannot be read or is not one of the tools goes to ``content`` as its raw text; once the name
+is out the call is kept, and a truncated call keeps its parameters as far as they came,
+closed to valid JSON.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from smg_trio.parsers.tools._markers import find_marker, merge_deltas
-from smg_trio.parsers.tools._xmlargs import ArgsWriter, param_types
+from smg_trio.parsers.tools._xmlargs import ArgsWriter, ValueStream, param_types
 from smg_trio.parsers.tools.base import ToolCallDelta, ToolSpec, register
 
 __all__ = ["Qwen3CoderParser"]
@@ -27,12 +28,6 @@ NAME_CAP = 256
 _OUT, _CALL, _NAME, _SKIP, _FUNC, _KEY, _VALUE, _AFTER, _BETWEEN = range(9)
 
 
-def _strip_newline(value: str) -> str:
-    """The template writes ``<parameter=k>\\nVALUE\\n</parameter>``: drop those newlines."""
-    value = value.removeprefix("\n")
-    return value.removesuffix("\n")
-
-
 @register("qwen3_coder")
 class Qwen3CoderParser:
     """``<tool_call>\\n<function=get_weather>\\n<parameter=city>\\nParis\\n</parameter>\\n
@@ -44,8 +39,7 @@ class Qwen3CoderParser:
         self._types = param_types(tools)
         self._buf = ""
         self._raw = ""
-        self._value = ""
-        self._key = ""
+        self._value: ValueStream | None = None
         self._state = _OUT
         self._index = 0
         self._args = ArgsWriter({})
@@ -59,8 +53,12 @@ class Qwen3CoderParser:
         if self._state in (_CALL, _NAME, _SKIP):
             content += self._raw + self._buf
         elif self._state in (_FUNC, _KEY, _VALUE):
+            if self._state == _VALUE and self._value is not None:  # kept as far as it came
+                calls.append(ToolCallDelta(index=self._index, arguments=self._value.end()))
             calls.append(self._close())
-        self._buf = self._raw = self._value = ""
+            calls = merge_deltas(calls)
+        self._buf = self._raw = ""
+        self._value = None
         self._state = _OUT
         return content, calls
 
@@ -163,25 +161,21 @@ class Qwen3CoderParser:
                 if pos < 0 or pos > NAME_CAP:
                     self._state = _FUNC  # not a parameter name: skipped
                     continue
-                self._key = buf[:pos].strip()
-                self._value = ""
+                self._value = ValueStream(self._args, buf[:pos].strip(), strip_newlines=True)
                 self._buf = buf[pos + 1 :]
                 self._state = _VALUE
             elif state == _VALUE:
+                assert self._value is not None
                 pos, marker = find_marker(buf, (PARAM_END, PARAM, FUNC_END, TOOL_CALL_END))
                 if marker is None:
                     cut = len(buf) if final else pos
-                    self._value += buf[:cut]
+                    if fragment := self._value.feed(buf[:cut]):
+                        calls.append(ToolCallDelta(index=self._index, arguments=fragment))
                     self._buf = buf[cut:]
                     break
-                value = self._value + buf[:pos]
-                self._value = ""
-                calls.append(
-                    ToolCallDelta(
-                        index=self._index,
-                        arguments=self._args.add(self._key, _strip_newline(value)),
-                    )
-                )
+                fragment = self._value.feed(buf[:pos]) + self._value.end()
+                calls.append(ToolCallDelta(index=self._index, arguments=fragment))
+                self._value = None
                 # Without its end tag, the parameter ends at the next tag (kept for _FUNC).
                 self._buf = buf[pos + len(marker) :] if marker == PARAM_END else buf[pos:]
                 self._state = _FUNC
