@@ -41,6 +41,7 @@ class ServedModel:
     eos_token_id: int | None = None
     extra_eos_token_ids: list[int] = attrs.field(factory=list)
     reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
     created: int = attrs.field(factory=lambda: int(time.time()))
     owned_by: str = "smg_trio"
 

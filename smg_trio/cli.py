@@ -172,6 +172,19 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--reasoning-parser", help="split <think> reasoning: qwen3 or deepseek_r1")
     g.add_argument(
+        "--tool-call-parser",
+        metavar="NAME",
+        help="the models' tool-call format, parsed into tool_calls (docs/tools.md lists the "
+        "names); tool_choice 'required' and named functions need no parser",
+    )
+    g.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="parse tool calls for tool_choice 'auto' (needs --tool-call-parser); without it, "
+        "a request with tools and tool_choice 'auto' (the default with tools) is a 400, as in "
+        "vLLM",
+    )
+    g.add_argument(
         "--max-n",
         type=_int_at_least(1),
         default=DEFAULT_MAX_N,
@@ -498,6 +511,8 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "api_key": args.api_key,
         "admin_api_key": args.admin_api_key,
         "reasoning_parser": args.reasoning_parser,
+        "tool_call_parser": args.tool_call_parser,
+        "enable_auto_tool_choice": args.enable_auto_tool_choice,
         "max_n": args.max_n,
         "max_sequences_per_request": args.max_sequences_per_request,
         "max_tokens_per_request": args.max_tokens_per_request,
@@ -520,6 +535,16 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             tuple(args.allowed_model_dirs) if args.allowed_model_dirs is not None else None
         ),
     }
+    if args.tool_call_parser is not None:
+        from smg_trio.parsers.tools import tool_parser_names
+
+        if args.tool_call_parser not in tool_parser_names():
+            _usage_error(
+                f"--tool-call-parser: unknown tool call parser {args.tool_call_parser!r}; "
+                f"valid names: {', '.join(tool_parser_names())}"
+            )
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        _usage_error("--enable-auto-tool-choice needs --tool-call-parser NAME")
     if args.discovery_provider == "file" and not args.discovery_file:
         raise SystemExit("smg_trio: error: --discovery-provider file needs --discovery-file FILE")
     if args.command == "serve":

@@ -68,6 +68,9 @@ class GatewayHttpConfig:
         which is echoed in ``x-request-id``; when none is present one is generated.
       - ``reasoning_parser``: parser name used for models whose ``ServedModel`` names none
         (``None``: no reasoning split).
+      - ``tool_call_parser``: the tool-call format (``--tool-call-parser``) for models whose
+        ``ServedModel`` names none; ``enable_auto_tool_choice``: parse tool calls for
+        ``tool_choice: auto`` (without it, ``auto`` with tools is a 400, as in vLLM).
       - ``body_timeout_s``: seconds to receive a request body (408 past it).
       - ``max_sequences_per_request``: most sequences (prompts x ``n``) in one request (400
         naming ``n``).
@@ -95,6 +98,8 @@ class GatewayHttpConfig:
         default=DEFAULT_REQUEST_ID_HEADERS, converter=_lower
     )
     reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
     body_timeout_s: float = 60.0
     max_sequences_per_request: int = attrs.field(
         default=DEFAULT_MAX_SEQUENCES_PER_REQUEST, validator=_positive

@@ -96,6 +96,8 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         queue_timeout_s=config.queue_timeout_s,
         write_timeout_s=config.write_timeout_s,
         enable_http2=config.enable_http2,
+        tool_call_parser=config.tool_call_parser,
+        enable_auto_tool_choice=config.enable_auto_tool_choice,
     )
 
 
@@ -308,6 +310,7 @@ async def serve(
                     runtime_type=runtime,
                     dp_size=launch.engine_count,
                     reasoning_parser=config.reasoning_parser,
+                    tool_call_parser=config.tool_call_parser,
                 )
             )
         for url in config.worker_urls:
@@ -320,6 +323,7 @@ async def serve(
                     zmq_handshake_address=config.zmq_handshake_address,
                     dp_size=config.zmq_engine_count,
                     reasoning_parser=config.reasoning_parser,
+                    tool_call_parser=config.tool_call_parser,
                 )
             )
         app = create_app(manager, _http_config(config), operations=ADMIN_OPERATIONS)
@@ -351,6 +355,7 @@ async def serve(
                 "runtime_type": runtime,
                 "dp_size": config.zmq_engine_count,
                 "reasoning_parser": config.reasoning_parser,
+                "tool_call_parser": config.tool_call_parser,
             }
             discovery = DiscoveryWatcher(manager, config.discovery_file, defaults)
             await nursery.start(discovery.run)

@@ -25,6 +25,7 @@ _FIELDS: dict[str, type] = {
     "zmq_handshake_address": str,
     "dp_size": int,
     "reasoning_parser": str,
+    "tool_call_parser": str,
 }
 
 

@@ -25,6 +25,7 @@ class WorkerSpecBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     zmq_handshake_address: str | None = None
     dp_size: Annotated[int, Meta(ge=1)] | None = None
     reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
 
 
 #: The admin routes (``admin_blueprint``), for ``create_app(operations=...)``.

@@ -88,6 +88,8 @@ class GatewayConfig:
     api_key: str | None = None
     admin_api_key: str | None = None
     reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
     max_n: int = DEFAULT_MAX_N
     max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST
     max_tokens_per_request: int | None = None

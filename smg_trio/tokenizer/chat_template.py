@@ -122,13 +122,18 @@ def _parse_tool_calls(tool_calls: Any, where: str) -> Any:
     return out
 
 
-def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def normalize_messages(
+    messages: Sequence[Mapping[str, Any]], *, developer_as_system: bool = False
+) -> list[dict[str, Any]]:
     """Copy OpenAI chat messages into the shape chat templates expect.
 
     Each message must be a mapping with a string ``role``. A ``content`` list of
     ``{"type": "text", "text": ...}`` parts becomes one string (parts joined with ``"\\n"``);
-    assistant ``tool_calls[].function.arguments`` JSON strings become parsed values. The
-    input is not mutated. Raises ``ValidationError`` naming the offending field (e.g.
+    assistant ``tool_calls[].function.arguments`` JSON strings become parsed values, and a
+    ``null`` content of an assistant turn that calls tools becomes ``""``, so templates
+    that concatenate strings render it. With ``developer_as_system`` a ``developer`` message
+    becomes a ``system`` one (for templates that know only ``system``). The input is not
+    mutated. Raises ``ValidationError`` naming the offending field (e.g.
     ``messages[1].content[0].type``) for any other shape.
     """
     if not _is_list(messages):
@@ -141,8 +146,12 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         if not isinstance(message.get("role"), str):
             raise ValidationError(f"{where}.role must be a string", param=f"{where}.role")
         msg = dict(message)
+        if developer_as_system and msg["role"] == "developer":
+            msg["role"] = "system"
         if "content" in msg:
             msg["content"] = _content_text(msg["content"], where)
+        if msg.get("content") is None and msg.get("tool_calls"):
+            msg["content"] = ""
         if msg.get("tool_calls") is not None:
             msg["tool_calls"] = _parse_tool_calls(msg["tool_calls"], where)
         out.append(msg)
@@ -213,7 +222,7 @@ class ChatTemplate:
                 "continue_final_message and add_generation_prompt are mutually exclusive",
                 param="continue_final_message",
             )
-        msgs = normalize_messages(messages)
+        msgs = normalize_messages(messages, developer_as_system="developer" not in self.source)
         if tools is not None and not _is_list(tools):
             raise ValidationError("tools must be a list of tool objects", param="tools")
         context: dict[str, Any] = dict(special_tokens or {})

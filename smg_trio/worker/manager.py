@@ -19,6 +19,7 @@ from smg_trio.connector.client import (
     open_engine_client,
 )
 from smg_trio.errors import ConflictError, EngineError, SmgError, ValidationError
+from smg_trio.parsers.tools import tool_parser_names
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol
@@ -98,6 +99,7 @@ class WorkerSpec:
     zmq_handshake_address: str | None = None
     dp_size: int = 1
     reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
 
 
 def _set_event() -> trio.Event:
@@ -393,10 +395,16 @@ class WorkerManager:
             conf.check_handshake(spec.zmq_handshake_address)
         if spec.model_path is not None:
             conf.check_model_path(spec.model_path)
-        for name in ("model_id", "reasoning_parser"):
+        for name in ("model_id", "reasoning_parser", "tool_call_parser"):
             value = getattr(spec, name)
             if value is not None:
                 require_printable(value, name)
+        if spec.tool_call_parser is not None and spec.tool_call_parser not in tool_parser_names():
+            raise ValidationError(
+                f"unknown tool call parser {spec.tool_call_parser!r}; valid names: "
+                f"{', '.join(tool_parser_names())}",
+                param="tool_call_parser",
+            )
         try:
             addrs = worker_addresses(spec.url, spec.zmq_handshake_address)
         except ValueError as exc:
@@ -501,6 +509,7 @@ class WorkerManager:
                     eos_token_id=eos,
                     extra_eos_token_ids=list(extra),
                     reasoning_parser=worker.spec.reasoning_parser,
+                    tool_call_parser=worker.spec.tool_call_parser,
                 )
 
         async def bind_handshake(ctx: WorkflowContext) -> None:

@@ -488,15 +488,24 @@ async def test_continuous_usage_stats(harness: HarnessFactory, tok: Any) -> None
 
 
 async def test_tools_are_rendered_into_the_prompt(harness: HarnessFactory, tok: Any) -> None:
+    """With tool_choice 'none' the tools still reach the template (vLLM's default); 'auto'
+    (explicit, or implied by tools) without --enable-auto-tool-choice is vLLM's 400."""
     tool = {
         "type": "function",
         "function": {"name": "get_weather", "parameters": {"type": "object"}},
     }
     with trio.fail_after(DEADLINE_S):
         async with harness(plan=lambda r: steps_of(tok, "a")) as h:
-            assert (await h.chat(max_tokens=2, tools=[tool], tool_choice="auto")).status_code == 200
+            assert (await h.chat(max_tokens=2, tools=[tool], tool_choice="none")).status_code == 200
             prompt = tok.decode(h.engine.requests[0].prompt_token_ids, skip_special_tokens=False)
             assert '"name": "get_weather"' in prompt
+            for extra in ({"tool_choice": "auto"}, {}):
+                resp = await h.chat(max_tokens=2, tools=[tool], **extra)
+                assert resp.status_code == 400, resp.text
+                err = resp.json()["error"]
+                assert err["param"] == "tool_choice"
+                assert "--enable-auto-tool-choice" in err["message"]
+            assert len(h.engine.requests) == 1
 
 
 async def test_detokenization_streamed_equals_full(harness: HarnessFactory, tok: Any) -> None:

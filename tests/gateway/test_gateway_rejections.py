@@ -188,7 +188,8 @@ DEEP = b'{"x":' * 5000 + b"1" + b"}" * 5000
 
 def _deep_tools(depth: int) -> bytes:
     return (
-        b'{"model":"M","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function",'
+        b'{"model":"M","messages":[{"role":"user","content":"hi"}],"tool_choice":"none",'
+        b'"tools":[{"type":"function",'
         b'"function":{"name":"f","parameters":' + b'{"a":' * depth + b"1" + b"}" * depth + b"}}]}"
     )
 

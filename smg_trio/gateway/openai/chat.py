@@ -24,8 +24,13 @@ from smg_trio.gateway.openai.schemas import (
     ChatMessageOut,
     ChunkChoice,
     Delta,
+    FunctionCallOut,
+    FunctionDeltaOut,
+    ToolCallDeltaOut,
+    ToolCallOut,
 )
 from smg_trio.gateway.openai.textgen import ChoiceCollector, ChoicePipeline, TextDelta
+from smg_trio.gateway.openai.tools import ToolPlan, plan_tools
 from smg_trio.gateway.openai.translate import (
     LogprobRequest,
     Plan,
@@ -56,6 +61,12 @@ def _check_messages(messages: Sequence[dict[str, Any]]) -> None:
                 param=f"messages[{i}].role",
                 code="invalid_value",
             )
+        if msg.get("tool_call_id") is not None and role != "tool":
+            raise ValidationError(
+                f"messages[{i}].tool_call_id is only allowed on a 'tool' message, not {role!r}",
+                param=f"messages[{i}].tool_call_id",
+                code="invalid_value",
+            )
         content = msg.get("content")
         if content is None and role != "assistant":
             raise ValidationError(
@@ -69,14 +80,6 @@ def _check_chat_fields(body: ChatCompletionRequest) -> None:
     if body.echo:
         raise ValidationError(
             "echo is not supported for chat completions", param="echo", code="unsupported_field"
-        )
-    choice = body.tool_choice
-    if choice is not None and choice not in ("none", "auto"):
-        raise ValidationError(
-            "tool_choice 'required' or a named function needs constrained tool calling, which "
-            "this gateway does not provide; use 'auto' or 'none'",
-            param="tool_choice",
-            code="unsupported_field",
         )
     if body.top_logprobs and not body.logprobs:
         raise ValidationError(
@@ -136,6 +139,13 @@ class ChatApi:
         """Check the messages and every field that needs no tokenizing."""
         _check_messages(body.messages)
         _check_chat_fields(body)
+        tools = plan_tools(
+            body.tools,
+            body.tool_choice,
+            body.parallel_tool_calls,
+            parser_name=served.tool_call_parser or config.tool_call_parser,
+            enable_auto=config.enable_auto_tool_choice,
+        )
         k = (body.top_logprobs or 0) if body.logprobs else None
         mct = body.max_completion_tokens
         plan = build_plan(
@@ -144,8 +154,11 @@ class ChatApi:
             config,
             max_tokens=mct if mct is not None else body.max_tokens,
             logprobs=LogprobRequest(k=k, param="top_logprobs", prompt_k=body.prompt_logprobs),
+            tool_constraint=tools.constraint,
         )
-        return ChatDraft(body=body, served=served, config=config, plan=plan, top_logprobs=k)
+        return ChatDraft(
+            body=body, served=served, config=config, plan=plan, top_logprobs=k, tools=tools
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -157,6 +170,7 @@ class ChatDraft:
     config: GatewayHttpConfig
     plan: Plan
     top_logprobs: int | None
+    tools: ToolPlan = attrs.field(factory=ToolPlan)
 
     def tokenize(self) -> tuple[str, list[int]]:
         """The rendered chat template and its token ids (refused before encoding when it
@@ -198,7 +212,7 @@ class ChatDraft:
             total=plan.n,
             max_tokens=engine_max,
         )
-        params = choice_params(plan, limit, reasoning)
+        params = choice_params(plan, limit, reasoning, self.tools)
         tok = served.tokenizer
         opts = body.stream_options
         return ChatJob(
@@ -255,7 +269,14 @@ class ChatJob:
         for sub in self.subs:
             p: ChoicePipeline = sub.pipeline
             i = p.index
-            message = ChatMessageOut("assistant", "".join(collected.text[i]))
+            text = "".join(collected.text[i])
+            calls = collected.tool_calls[i]
+            message = ChatMessageOut("assistant", text or (None if calls else ""))
+            if calls:
+                message.tool_calls = [
+                    ToolCallOut(id=cid, function=FunctionCallOut(name, args))
+                    for cid, name, args in calls
+                ]
             if self.reasoning:
                 message.reasoning_content = "".join(collected.reasoning[i]) or None
             lps = None
@@ -274,6 +295,26 @@ class ChatJob:
                 tok, self.subs[0].pipeline.prompt_logprobs, self.prompt_ids, self.prompt_k
             )
         return out
+
+
+def _tool_call_deltas(delta: TextDelta) -> list[ToolCallDeltaOut]:
+    """``delta.tool_calls``: ``id``, ``type`` and ``name`` in a call's first delta only."""
+    out = []
+    for d in delta.tool_calls:
+        if d.name is not None:
+            out.append(
+                ToolCallDeltaOut(
+                    index=d.index,
+                    id=d.id or UNSET,
+                    type="function",
+                    function=FunctionDeltaOut(name=d.name, arguments=d.arguments),
+                )
+            )
+        else:
+            out.append(
+                ToolCallDeltaOut(index=d.index, function=FunctionDeltaOut(arguments=d.arguments))
+            )
+    return out
 
 
 class ChatStreamRenderer:
@@ -309,6 +350,7 @@ class ChatStreamRenderer:
             Delta(
                 content=delta.text if delta.text else UNSET,
                 reasoning_content=delta.reasoning if delta.reasoning else UNSET,
+                tool_calls=_tool_call_deltas(delta) if delta.tool_calls else UNSET,
             ),
             lp,
             finish,

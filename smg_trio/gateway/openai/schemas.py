@@ -28,10 +28,14 @@ __all__ = [
     "CompletionRequest",
     "Completion",
     "Delta",
+    "FunctionCallOut",
+    "FunctionDeltaOut",
     "ModelCard",
     "ModelList",
     "SamplingRequest",
     "StreamOptions",
+    "ToolCallDeltaOut",
+    "ToolCallOut",
     "TopLogprob",
     "Usage",
     "UsageChunk",
@@ -169,12 +173,29 @@ class ChatLogprobs(msgspec.Struct):
     content: list[ChatLogprobEntry]
 
 
+class FunctionCallOut(msgspec.Struct):
+    """``tool_calls[i].function``: the name and the JSON ``arguments`` text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallOut(msgspec.Struct, kw_only=True):
+    """One tool call of a non-streamed assistant message."""
+
+    id: str
+    type: str = "function"
+    function: FunctionCallOut
+
+
 class ChatMessageOut(msgspec.Struct):
-    """The assistant message; ``reasoning_content`` appears only with a reasoning parser."""
+    """The assistant message; ``reasoning_content`` appears only with a reasoning parser,
+    ``tool_calls`` only when the model called tools."""
 
     role: str
     content: str | None
     reasoning_content: str | UnsetType | None = UNSET
+    tool_calls: list[ToolCallOut] | UnsetType = UNSET
 
 
 class ChatChoice(msgspec.Struct):
@@ -200,12 +221,29 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     prompt_logprobs: list[Any] | UnsetType | None = UNSET
 
 
+class FunctionDeltaOut(msgspec.Struct, kw_only=True):
+    """``delta.tool_calls[i].function``: ``name`` in a call's first delta only."""
+
+    name: str | UnsetType = UNSET
+    arguments: str = ""
+
+
+class ToolCallDeltaOut(msgspec.Struct, kw_only=True):
+    """``delta.tool_calls[i]``: ``id`` and ``type`` in a call's first delta only."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+    function: FunctionDeltaOut
+
+
 class Delta(msgspec.Struct):
     """A streamed chat delta; unset fields are omitted."""
 
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
     reasoning_content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDeltaOut] | UnsetType = UNSET
 
 
 class ChunkChoice(msgspec.Struct):

@@ -1,19 +1,21 @@
 """Per-choice text pipeline: engine token ticks in, text/reasoning/logprob deltas and usage out.
 
-Order per token: length guard, detokenize, stop strings (held back, never leaked), then the
-reasoning split. Streaming and non-streaming use the same pipeline, so the concatenated
-deltas always equal the non-streamed text.
+Order per token: length guard, detokenize, the reasoning split, stop strings on the content
+only (held back, never leaked; a stop inside the reasoning does not end the answer), then the
+tool-call parser on the content. Streaming and non-streaming use the same pipeline, so the
+concatenated deltas always equal the non-streamed text and tool calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import secrets
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
 
 from smg_trio.gateway.openai.errors import EngineRequestFailed, engine_failure
-from smg_trio.parsers.tools import ToolCallDelta
+from smg_trio.parsers.tools import ToolCallDelta, ToolParser
 from smg_trio.protocol.types import EngineOutput, TokenLogprobs
 from smg_trio.tokenizer import IncrementalDetokenizer, ReasoningParser, StopMatcher, Tokenizer
 
@@ -32,7 +34,9 @@ class ChoiceParams:
     ``hidden_stop_ids``: ids whose text is not shown when the engine stops on them (EOS and
     stop token ids, vLLM's rule) unless ``include_stop_str_in_output``. ``stops`` are matched
     only after ``min_tokens`` tokens. ``reasoning`` is ``(start_tag, end_tag, in_reasoning)``
-    or ``None``. ``logprobs``: whether to collect per-token logprobs.
+    or ``None``. ``logprobs``: whether to collect per-token logprobs. ``tool_parser``: makes
+    the choice's tool-call parser (``None``: no tool-call parsing); ``max_tool_calls``: calls
+    kept (``parallel_tool_calls: false`` keeps one; later ones are dropped).
     """
 
     limit: int
@@ -44,6 +48,13 @@ class ChoiceParams:
     spaces_between_special_tokens: bool = True
     reasoning: tuple[str, str, bool] | None = None
     logprobs: bool = False
+    tool_parser: Callable[[], ToolParser] | None = None
+    max_tool_calls: int | None = None
+
+
+def new_call_id() -> str:
+    """A tool call id as OpenAI writes them: ``call_`` and 24 random characters."""
+    return "call_" + secrets.token_hex(12)
 
 
 class LogprobRun:
@@ -121,6 +132,7 @@ class ChoicePipeline:
         "_matcher",
         "_params",
         "_reasoning",
+        "_tools",
         "completion_tokens",
         "failure",
         "finish_reason",
@@ -128,6 +140,7 @@ class ChoicePipeline:
         "index",
         "prompt_logprobs",
         "stop_reason",
+        "tool_calls_made",
     )
 
     def __init__(
@@ -158,6 +171,11 @@ class ChoicePipeline:
                 params.reasoning[0], params.reasoning[1], in_reasoning=params.reasoning[2]
             )
         )
+        self._tools: ToolParser | None = (
+            None if params.tool_parser is None else params.tool_parser()
+        )
+        #: Tool calls started so far (their first delta was emitted).
+        self.tool_calls_made = 0
         self._lp: LogprobRun | None = LogprobRun() if params.logprobs else None
         self.completion_tokens = 0
         self.finish_reason: str | None = None
@@ -183,6 +201,7 @@ class ChoicePipeline:
         if self.failure is not None:
             raise self.failure
         parts: list[str] = []
+        thoughts: list[str] = []
         for out in outputs:
             if self.finish_reason is not None:
                 break
@@ -193,20 +212,20 @@ class ChoicePipeline:
                     if reason == "error"
                     else EngineRequestFailed("the engine aborted the request", "engine_aborted")
                 )
-                if not parts:
+                if not parts and not thoughts:
                     raise failure
                 self.failure = failure  # the text before it goes out first
                 break
             if out.prompt_logprobs is not None:
                 self.prompt_logprobs.append(out.prompt_logprobs)
             if out.new_token_ids:
-                self._consume(out, parts)
+                self._consume(out, parts, thoughts)
             if self.finish_reason is None and reason is not None:
                 self.finish_reason = reason
                 self.stop_reason = out.stop_reason
-        return self._emit(parts)
+        return self._emit(parts, thoughts)
 
-    def _consume(self, out: EngineOutput, parts: list[str]) -> None:
+    def _consume(self, out: EngineOutput, parts: list[str], thoughts: list[str]) -> None:
         toks = out.new_token_ids
         room = self._params.limit - self.completion_tokens
         forced = len(toks) > room
@@ -222,14 +241,22 @@ class ChoicePipeline:
         visible = toks[:-1] if hide else toks
         matcher = self._matcher
         detok = self._detok
+        reasoning = self._reasoning
         consumed = len(toks)
         if matcher is None:
-            parts.append(detok.push(visible))
+            text = detok.push(visible)
+            if reasoning is not None and text:
+                thought, text = reasoning.push(text)
+                thoughts.append(thought)
+            parts.append(text)
         else:
             base = self.completion_tokens
             min_tokens = self._params.min_tokens
             for j, tok in enumerate(visible):
                 piece = detok.push((tok,))
+                if reasoning is not None and piece:
+                    thought, piece = reasoning.push(piece)
+                    thoughts.append(thought)
                 if base + j + 1 <= min_tokens:
                     parts.append(piece)
                     continue
@@ -247,9 +274,14 @@ class ChoicePipeline:
         if forced and self.finish_reason is None:
             self.finish_reason = "length"
 
-    def _emit(self, parts: list[str]) -> TextDelta | None:
+    def _emit(self, parts: list[str], thoughts: list[str]) -> TextDelta | None:
         if self.finish_reason is not None and not self.gateway_stopped:
             tail = self._detok.flush()
+            if self._reasoning is not None:
+                thought, tail = self._reasoning.push(tail) if tail else ("", "")
+                r2, c2 = self._reasoning.flush()
+                thoughts += (thought, r2)
+                tail += c2
             if self._matcher is not None:
                 emitted, matched = self._matcher.push(tail)
                 parts.append(emitted)
@@ -262,32 +294,60 @@ class ChoicePipeline:
             else:
                 parts.append(tail)
         text = "".join(parts)
-        reasoning = ""
-        if self._reasoning is not None:
-            reasoning, text = self._reasoning.push(text) if text else ("", "")
-            if self.finish_reason is not None:
-                r2, c2 = self._reasoning.flush()
-                reasoning += r2
-                text += c2
+        reasoning = "".join(thoughts)
+        calls: list[ToolCallDelta] = []
+        if self._tools is not None:
+            text, calls = self._push_tools(text)
         finish = self.finish_reason
-        if not text and not reasoning and finish is None:
+        if not text and not reasoning and not calls and finish is None:
             return None
         lp = self._lp
         if lp is not None:
             self._lp = LogprobRun()
-        return TextDelta(text, reasoning, lp, finish, self.stop_reason if finish else None)
+        return TextDelta(text, reasoning, lp, finish, self.stop_reason if finish else None, calls)
+
+    def _push_tools(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        """Content through the tool-call parser: ids assigned, deltas of one call merged,
+        calls past ``max_tool_calls`` dropped; a stop with calls finishes ``tool_calls``."""
+        parser = self._tools
+        assert parser is not None
+        text, raw = parser.push(text) if text else ("", [])
+        if self.finish_reason is not None:
+            tail, more = parser.finish()
+            text += tail
+            raw = raw + more
+        limit = self._params.max_tool_calls
+        calls: list[ToolCallDelta] = []
+        for d in raw:
+            if limit is not None and d.index >= limit:
+                continue
+            if d.name is not None:
+                self.tool_calls_made += 1
+                calls.append(ToolCallDelta(d.index, d.name, d.arguments, d.id or new_call_id()))
+            elif calls and calls[-1].index == d.index:
+                last = calls[-1]
+                calls[-1] = ToolCallDelta(
+                    last.index, last.name, last.arguments + d.arguments, last.id
+                )
+            elif d.arguments:
+                calls.append(ToolCallDelta(d.index, None, d.arguments))
+        if self.finish_reason == "stop" and self.tool_calls_made:
+            self.finish_reason = "tool_calls"
+        return text, calls
 
 
 class ChoiceCollector:
     """Accumulates the deltas of ``n`` choices (non-streaming); ``on_delta`` is the
-    ``fanout`` callback, choices are addressed by their pipeline ``index``."""
+    ``fanout`` callback, choices are addressed by their pipeline ``index``. ``tool_calls[i]``
+    holds choice ``i``'s calls as ``[id, name, arguments]`` in call order."""
 
-    __slots__ = ("logprobs", "reasoning", "text")
+    __slots__ = ("logprobs", "reasoning", "text", "tool_calls")
 
     def __init__(self, n: int) -> None:
         self.text: list[list[str]] = [[] for _ in range(n)]
         self.reasoning: list[list[str]] = [[] for _ in range(n)]
         self.logprobs: list[list[LogprobRun]] = [[] for _ in range(n)]
+        self.tool_calls: list[list[list[str]]] = [[] for _ in range(n)]
 
     def on_delta(self, sub: _HasPipeline, delta: TextDelta) -> None:
         i = sub.pipeline.index
@@ -297,6 +357,12 @@ class ChoiceCollector:
             self.reasoning[i].append(delta.reasoning)
         if delta.logprobs is not None and len(delta.logprobs):
             self.logprobs[i].append(delta.logprobs)
+        calls = self.tool_calls[i]
+        for d in delta.tool_calls:
+            if d.name is not None:
+                calls.append([d.id or "", d.name, d.arguments])
+            else:
+                calls[d.index][2] += d.arguments
 
 
 class _HasPipeline(Protocol):

@@ -19,6 +19,7 @@ from smg_trio.gateway.config import REQUEST_TOKENS_CONTEXTS, GatewayHttpConfig
 from smg_trio.gateway.openai.fanout import SEED_MODULUS, derive_seed, sub_request_id
 from smg_trio.gateway.openai.schemas import SamplingRequest
 from smg_trio.gateway.openai.textgen import ChoiceParams
+from smg_trio.gateway.openai.tools import ToolPlan
 from smg_trio.protocol.types import (
     Capabilities,
     GenerateRequest,
@@ -203,8 +204,12 @@ def _constraints(body: SamplingRequest) -> list[tuple[str, str, StructuredOutput
     return found
 
 
-def _structured(body: SamplingRequest, caps: Capabilities) -> StructuredOutputs | None:
+def _structured(
+    body: SamplingRequest, caps: Capabilities, tool_constraint: StructuredOutputs | None = None
+) -> StructuredOutputs | None:
     found = _constraints(body)
+    if tool_constraint is not None:  # tool_choice required / a named function
+        found.insert(0, ("tool_choice", "json", tool_constraint))
     if not found:
         return None
     if len(found) > 1:
@@ -241,13 +246,15 @@ def build_plan(
     max_tokens: int | None,
     logprobs: LogprobRequest,
     prompts: int = 1,
+    tool_constraint: StructuredOutputs | None = None,
 ) -> Plan:
     """Validate the shared fields and map them to ``SamplingOptions``.
 
     ``max_tokens`` is the endpoint's resolved value (``None``: unset); ``prompts`` the number
     of prompts (``prompts * n`` is held to ``config.max_sequences_per_request``). Raises
     ``ValidationError`` (400, ``param`` set) or ``UnsupportedField`` (400, the engine's wire
-    cannot carry the field).
+    cannot carry the field). ``tool_constraint``: the JSON schema ``tool_choice`` asks for
+    (a 400 naming ``tool_choice`` where the wire cannot carry JSON constraints).
     """
     caps = served.protocol.capabilities
     tokenizer = served.tokenizer
@@ -285,7 +292,7 @@ def build_plan(
             raise UnsupportedField("logit_bias", caps.engine)
         logit_bias = _logit_bias(body.logit_bias, vocab)
     _check_logprobs(logprobs, caps, config)
-    structured = _structured(body, caps)
+    structured = _structured(body, caps, tool_constraint)
 
     stops = _stops(body.stop)
     user_ids = _token_ids(body.stop_token_ids or [], vocab, "stop_token_ids")
@@ -450,20 +457,28 @@ def build_requests(
 
 
 def choice_params(
-    plan: Plan, limit: int, reasoning: tuple[str, str, bool] | None = None
+    plan: Plan,
+    limit: int,
+    reasoning: tuple[str, str, bool] | None = None,
+    tools: ToolPlan | None = None,
 ) -> ChoiceParams:
-    """The text-pipeline parameters of one choice (see :class:`ChoiceParams`)."""
+    """The text-pipeline parameters of one choice (see :class:`ChoiceParams`); with a tool
+    parser whose markers are special tokens, the detokenizer keeps special tokens (EOS is
+    still hidden)."""
     s = plan.sampling
+    tools = tools or ToolPlan()
     return ChoiceParams(
         limit=limit,
         stops=plan.stops,
         include_stop_str_in_output=plan.include_stop_str_in_output,
         hidden_stop_ids=plan.hidden_stop_ids,
         min_tokens=s.min_tokens,
-        skip_special_tokens=s.skip_special_tokens,
+        skip_special_tokens=s.skip_special_tokens and not tools.keep_special_tokens,
         spaces_between_special_tokens=s.spaces_between_special_tokens,
         reasoning=reasoning,
         logprobs=s.logprobs is not None,
+        tool_parser=tools.parser,
+        max_tool_calls=tools.max_calls,
     )
 
 

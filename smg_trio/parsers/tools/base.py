@@ -90,7 +90,14 @@ def _load_formats() -> None:
 
 
 #: The format modules under ``smg_trio/parsers/tools/`` (one per format family).
-FORMAT_MODULES: tuple[str, ...] = ("deepseek_v3", "deepseek_v31", "kimi_k2", "qwen3_coder", "glm45")
+FORMAT_MODULES: tuple[str, ...] = (
+    "hermes",
+    "deepseek_v3",
+    "deepseek_v31",
+    "kimi_k2",
+    "qwen3_coder",
+    "glm45",
+)
 
 
 def tool_parser_names() -> list[str]:
