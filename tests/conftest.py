@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from smg_trio.mock.tiny_model import default_tiny_model_dir
-from tests.helpers.deepseek_vocab import build_deepseek_model_dir
+from tests.helpers import deepseek_vocab
 from tests.helpers.ipc import IpcNamespace
 
 
@@ -19,10 +19,11 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def deepseek_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def deepseek_model_dir() -> Path:
     """A model directory with DeepSeek's real vocabulary and a tool-rendering chat template
-    (tests/helpers/deepseek_vocab.py): the mock engine and the gateway serve it."""
-    return build_deepseek_model_dir(tmp_path_factory.mktemp("deepseek-model"))
+    (tests/helpers/deepseek_vocab.py, built once per machine): the mock engine and the
+    gateway serve it."""
+    return deepseek_vocab.deepseek_model_dir()
 
 
 @pytest.fixture

@@ -8,7 +8,16 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["DEEPSEEK_CHAT_TEMPLATE", "TOOL_MARKERS", "build_deepseek_model_dir"]
+__all__ = [
+    "DEEPSEEK_CHAT_TEMPLATE",
+    "FIXTURE_VERSION",
+    "TOOL_MARKERS",
+    "build_deepseek_model_dir",
+    "deepseek_model_dir",
+]
+
+#: Bump when the directory's recipe changes (cached copies are rebuilt under a new name).
+FIXTURE_VERSION = "v1"
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 #: DeepSeek's tool-call markers: one added token each in its vocabulary.
@@ -104,3 +113,30 @@ def build_deepseek_model_dir(directory: Path) -> Path:
         {"bos_token_id": ids[BOS], "eos_token_id": ids[EOS]},
     )
     return directory
+
+
+def deepseek_model_dir() -> Path:
+    """The shared copy under ``$XDG_CACHE_HOME/smg_trio`` (``~/.cache`` by default), built on
+    first use into a sibling temporary directory and renamed into place (concurrent callers
+    never see half of one)."""
+    import os
+    import tempfile
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "smg_trio"
+    target = cache / f"deepseek-vocab-{FIXTURE_VERSION}"
+    if (target / "generation_config.json").is_file():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache))
+    try:
+        build_deepseek_model_dir(tmp)
+        tmp.chmod(0o755)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "generation_config.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
