@@ -148,3 +148,23 @@ def test_arguments_stream_before_the_call_ends(parser: str, head: str, fragment:
     content, deltas = p.push(head)
     assert content == ""
     assert [(d.name, d.arguments) for d in deltas] == [("f", fragment)]
+
+
+@pytest.mark.parametrize(
+    ("parser", "text"),
+    [
+        ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=n>\n2\n</parameter>\n</function>\n</tool_call>"),
+        ("glm45", "<tool_call>f\n<arg_key>n</arg_key>\n<arg_value>2</arg_value>\n</tool_call>"),
+        ("deepseek_v31", f"{deepseek_v3.CALLS_BEGIN}{deepseek_v3.CALL_BEGIN}f{deepseek_v3.SEP}"
+         f'{{"n": 2}}{deepseek_v3.CALL_END}{deepseek_v3.CALLS_END}'),
+    ],
+)  # fmt: skip
+def test_without_tools_every_name_is_a_call(parser: str, text: str) -> None:
+    # As the JSON formats do: a name is unknown only when the request lists tools.
+    p = get_tool_parser(parser)([])
+    content, deltas = p.push(text)
+    more, rest = p.finish()
+    assert content + more == ""
+    args = "".join(d.arguments for d in [*deltas, *rest])
+    assert [d.name for d in deltas if d.name] == ["f"]
+    assert json.loads(args) in ({"n": 2}, {"n": "2"})

@@ -32,7 +32,8 @@ class Glm45Parser:
     """``<tool_call>get_weather\\n<arg_key>city</arg_key>\\n<arg_value>Paris</arg_value>\\n
     </tool_call>`` (GLM-4.5/4.6; the newlines are optional, as GLM-4.7 omits them)."""
 
-    needs_special_tokens: ClassVar[bool] = False
+    #: GLM-4.5's vocabulary has its tool tags as special tokens: they must be kept.
+    needs_special_tokens: ClassVar[bool] = True
 
     def __init__(self, tools: Sequence[ToolSpec]) -> None:
         self._types = param_types(tools)
@@ -109,11 +110,11 @@ class Glm45Parser:
                         continue
                     break
                 name = buf[:pos].strip()
-                if name not in self._types:
-                    self._state = _SKIP
+                if not name or (self._types and name not in self._types):
+                    self._state = _SKIP  # not one of the request's tools: raw content
                     continue
                 calls.append(ToolCallDelta(index=self._index, name=name))
-                self._args = ArgsWriter(self._types[name])
+                self._args = ArgsWriter(self._types.get(name, {}))
                 self._raw = ""
                 self._buf = buf[pos:]
                 self._state = _ARGS

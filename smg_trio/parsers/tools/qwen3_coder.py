@@ -121,11 +121,11 @@ class Qwen3CoderParser:
                         continue
                     break
                 name = buf[:pos].strip()
-                if name not in self._types:
-                    self._state = _SKIP
+                if not name or (self._types and name not in self._types):
+                    self._state = _SKIP  # not one of the request's tools: raw content
                     continue
                 calls.append(ToolCallDelta(index=self._index, name=name))
-                self._args = ArgsWriter(self._types[name])
+                self._args = ArgsWriter(self._types.get(name, {}))
                 self._raw = ""
                 self._buf = buf[pos + 1 :]
                 self._state = _FUNC
