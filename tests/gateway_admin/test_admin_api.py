@@ -205,6 +205,12 @@ async def test_validation_errors(ns: IpcNamespace, model_dir: Path) -> None:
                 await http.post("/workers", json=body(ns, "a", model_dir, dp_size=1_000_000)), 400
             )
             assert err["param"] == "dp_size"  # would wait for a million engines
+            err = assert_envelope(
+                await http.post("/workers", json=body(ns, "a", model_dir, tool_call_parser="nope")),
+                400,
+                "valid names: hermes",
+            )
+            assert err["param"] == "tool_call_parser"
             assert_envelope(
                 await http.post("/workers", json=body(ns, "a", model_dir, bogus=1)), 400
             )

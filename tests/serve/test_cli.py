@@ -574,3 +574,50 @@ def test_cli_defaults_are_the_config_defaults() -> None:
     shared = set(attrs.fields_dict(GatewayConfig)) & set(attrs.fields_dict(GatewayHttpConfig))
     for name in sorted(shared):
         assert getattr(http, name) == getattr(front, name), name
+
+
+# -- tool calling ------------------------------------------------------------------------------
+
+
+def test_tool_call_flags_from_cli_env_and_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    args = _args(["serve", "--backend", "mock"])
+    config = cli._config_from_args(args, [])  # type: ignore[arg-type]
+    assert (config.tool_call_parser, config.enable_auto_tool_choice) == (None, False)
+    for cmd in (["serve", "--backend", "mock"], ["launch"]):
+        args = _args([*cmd, "--tool-call-parser", "hermes", "--enable-auto-tool-choice"])
+        config = cli._config_from_args(args, [])  # type: ignore[arg-type]
+        assert (config.tool_call_parser, config.enable_auto_tool_choice) == ("hermes", True)
+    monkeypatch.setenv("SMG_TRIO_TOOL_CALL_PARSER", "pythonic")
+    monkeypatch.setenv("SMG_TRIO_ENABLE_AUTO_TOOL_CHOICE", "1")
+    config = cli._config_from_args(_args(["serve", "--backend", "mock"]), [])  # type: ignore[arg-type]
+    assert (config.tool_call_parser, config.enable_auto_tool_choice) == ("pythonic", True)
+    monkeypatch.delenv("SMG_TRIO_TOOL_CALL_PARSER")
+    monkeypatch.delenv("SMG_TRIO_ENABLE_AUTO_TOOL_CHOICE")
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text('tool_call_parser = "mistral"\nenable_auto_tool_choice = true\n')
+    args = _args(["serve", "--backend", "mock", "--config", str(cfg)])
+    config = cli._config_from_args(args, [])  # type: ignore[arg-type]
+    assert (config.tool_call_parser, config.enable_auto_tool_choice) == ("mistral", True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tool-call-parser", "nope"], "valid names: "),
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+    ],
+    ids=["unknown-parser", "auto-without-parser"],
+)
+def test_tool_call_flag_errors_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli._config_from_args(_args(["serve", "--backend", "mock", *argv]), [])  # type: ignore[arg-type]
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    if "valid names" in message:
+        for name in ("hermes", "llama3_json", "mistral", "pythonic"):
+            assert name in err

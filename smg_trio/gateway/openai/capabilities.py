@@ -32,9 +32,10 @@ FIELD_MAP: tuple[tuple[str, str], ...] = (
     ("`logprobs` / `top_logprobs` (chat), `logprobs` (completions)", "engine logprobs = k; rendered in the OpenAI chat shape or the legacy completions shape"),
     ("`echo` + `logprobs` (completions), `prompt_logprobs`", "engine prompt logprobs"),
     ("`response_format`, `guided_*`, `structured_outputs`", "one structured-output constraint; more than one is a 400"),
+    ("`tools`, `tool_choice`, `parallel_tool_calls`", "function tools only; `tool_choice` auto (needs `--enable-auto-tool-choice --tool-call-parser NAME`), none, required and a named function (a JSON constraint, counted as the request's one structured output): see the `tool_choice` rows and [tools.md](tools.md)"),
     ("`data_parallel_rank`", "sent; must name one of the worker's engines"),
     ("`n`", "n single-sample sub-requests `{id}-{i}` in one nursery; at most `max_n`"),
-    ("`best_of` > 1, `use_beam_search`, `truncate_prompt_tokens`, `priority` != 0, `suffix`, chat `echo`, `tool_choice` required/named", "400 naming the field (not supported by this gateway)"),
+    ("`best_of` > 1, `use_beam_search`, `truncate_prompt_tokens`, `priority` != 0, `suffix`, chat `echo`, ", "400 naming the field (not supported by this gateway)"),
 )  # fmt: skip
 
 
@@ -82,6 +83,14 @@ def render_capabilities(caps: Sequence[Capabilities]) -> str:
                 lambda c, k=kind: _yes(k in c.structured_outputs),
             )
         )
+    lines.append(_row("`tool_choice` auto, none (parsed in the gateway)", caps, "yes"))
+    lines.append(
+        _row(
+            "`tool_choice` required, named function (a JSON-schema constraint)",
+            caps,
+            lambda c: _yes("json" in c.structured_outputs),
+        )
+    )
     lines += ["", "## Request fields", "", "| field | handling |", "|---|---|"]
     lines += [f"| {field} | {how} |" for field, how in FIELD_MAP]
     return "\n".join(lines) + "\n"

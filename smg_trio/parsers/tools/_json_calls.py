@@ -20,7 +20,7 @@ from smg_trio.parsers.tools.base import ToolCallDelta, ToolSpec
 __all__ = ["JsonCallParser"]
 
 _WS = " \t\r\n"
-_TEXT, _OPEN, _OBJ, _SEP, _AFTER, _PASS, _PLAIN = range(7)
+_TEXT, _OPEN, _OBJ, _SEP, _AFTER, _PASS, _PLAIN, _EXT = range(8)
 
 
 class JsonCallParser:
@@ -93,6 +93,28 @@ class JsonCallParser:
         self._emitted = False
         self._scan = None
 
+    # -- a format's own section syntax (after a start marker, where no ``[`` follows) ------
+
+    def _open_other(self) -> bool:
+        """Whether the format has another syntax after its start marker (then
+        :meth:`_push_other` reads the section); by default such text is not a call."""
+        return False
+
+    def _push_other(self, buf: str, content: list[str], calls: list[ToolCallDelta]) -> str:
+        """Read ``buf`` in the format's own section; return what is left for the base."""
+        raise NotImplementedError
+
+    def _finish_other(self, held: str, content: list[str], calls: list[ToolCallDelta]) -> None:
+        """The output ended inside the format's own section (``held``: text held back)."""
+
+    def _leave_other(self) -> None:
+        """Back to text after the format's own section (whitespace next is trimmed)."""
+        self._state, self._trim = _TEXT, True
+
+    def _pass_through(self) -> None:
+        """The rest of the section (up to the end marker, if any) is content."""
+        self._state = _PASS
+
     # -- the protocol ------------------------------------------------------------------
 
     def push(self, text: str) -> tuple[str, list[ToolCallDelta]]:
@@ -144,8 +166,11 @@ class JsonCallParser:
                 if not stripped:
                     break
                 if stripped[0] != "[":
-                    self._state = _PASS
-                    content.append(self._raw)
+                    if self._open_other():
+                        self._state = _EXT
+                    else:
+                        self._state = _PASS
+                        content.append(self._raw)
                     buf = stripped
                     continue
                 self._open_object(self._raw + "[")
@@ -192,6 +217,8 @@ class JsonCallParser:
                     break
                 self._state, self._trim = _TEXT, True
                 buf = after
+            elif st == _EXT:
+                buf = self._push_other(buf, content, calls)
             elif st == _PASS:
                 self._trim, self._ws = False, ""  # pass-through text is content
                 if self.end is None:
@@ -225,5 +252,7 @@ class JsonCallParser:
                 content.append(self._raw)
         elif st == _PASS:
             content.append(held)
+        elif st == _EXT:
+            self._finish_other(held, content, calls)
         self._state = _PLAIN
         return "".join(content), calls

@@ -92,6 +92,9 @@ def _load_formats() -> None:
 #: The format modules under ``smg_trio/parsers/tools/`` (one per format family).
 FORMAT_MODULES: tuple[str, ...] = (
     "hermes",
+    "llama3_json",
+    "mistral",
+    "pythonic",
     "deepseek_v3",
     "deepseek_v31",
     "kimi_k2",

@@ -112,6 +112,29 @@ CASES: list[ToolCase] = [
         calls=[],
         finish_reason="length",
     ),
+    # -- with a reasoning parser: the reasoning is split first; a call in it is no call --
+    ToolCase(
+        id="hermes-qwen3-reasoning-then-call",
+        parser="hermes",
+        reasoning="qwen3",
+        text="<think>The user wants <tool_call> weather, ça va.</think>\n\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Köln", "unit": "c"}}\n</tool_call>',
+        tools=TOOLS,
+        content=None,
+        calls=[("get_weather", '{"city": "Köln", "unit": "c"}')],
+        reasoning_content="The user wants <tool_call> weather, ça va.",
+    ),
+    ToolCase(
+        id="hermes-qwen3-reasoning-only-answer",
+        parser="hermes",
+        reasoning="qwen3",
+        text="<think>No tool needed.</think>It is 21 °C.",
+        tools=TOOLS,
+        content="It is 21 °C.",
+        calls=[],
+        finish_reason="stop",
+        reasoning_content="No tool needed.",
+    ),
     # -- tool_choice modes (the mock does not constrain: the script writes the JSON) --
     ToolCase(
         id="hermes-required",
