@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from smg_trio.mock.tiny_model import default_tiny_model_dir
+from tests.helpers import deepseek_vocab
 from tests.helpers.ipc import IpcNamespace
 
 
@@ -15,6 +16,14 @@ from tests.helpers.ipc import IpcNamespace
 def model_dir() -> Path:
     """The generated tiny model (built once per machine)."""
     return default_tiny_model_dir()
+
+
+@pytest.fixture(scope="session")
+def deepseek_model_dir() -> Path:
+    """A model directory with DeepSeek's real vocabulary and a tool-rendering chat template
+    (tests/helpers/deepseek_vocab.py, built once per machine): the mock engine and the
+    gateway serve it."""
+    return deepseek_vocab.deepseek_model_dir()
 
 
 @pytest.fixture

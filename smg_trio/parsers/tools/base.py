@@ -90,7 +90,18 @@ def _load_formats() -> None:
 
 
 #: The format modules under ``smg_trio/parsers/tools/`` (one per format family).
-FORMAT_MODULES: tuple[str, ...] = ("hermes", "llama3_json", "mistral", "openai", "pythonic")
+FORMAT_MODULES: tuple[str, ...] = (
+    "hermes",
+    "llama3_json",
+    "mistral",
+    "openai",
+    "pythonic",
+    "deepseek_v3",
+    "deepseek_v31",
+    "kimi_k2",
+    "qwen3_coder",
+    "glm45",
+)
 
 
 def tool_parser_names() -> list[str]:
