@@ -110,3 +110,6 @@ class GatewayConfig:
     allowed_socket_dirs: tuple[str, ...] = ()
     allowed_engine_hosts: tuple[str, ...] = ()
     allowed_model_dirs: tuple[str, ...] | None = None
+    #: ``--api-server-count``: HTTP frontend processes; above 1, ``serve`` is their supervisor
+    #: (docs/multi-frontend.md).
+    api_server_count: int = 1
