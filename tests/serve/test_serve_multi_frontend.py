@@ -157,13 +157,10 @@ async def test_two_frontends_share_routes_metrics_admin_and_load(
         with trio.fail_after(60):
             for _ in range(8):  # one at a time: each choice sees the ones before it
                 streams.append((await _raw_stream(url, body))[0])
-            while (
-                len(
-                    added := re.findall(r"\[(engine-\d+)\] .*mock: add ", served.log()[log_before:])
-                )
-                < 8
-            ):
+            added: list[str] = []
+            while len(added) < 8:
                 await trio.sleep(0.05)
+                added = re.findall(r"\[(engine-\d+)\] .*mock: add ", served.log()[log_before:])
         for stream in streams:
             await stream.aclose()
         counts = {name: added.count(name) for name in set(added)}
