@@ -600,6 +600,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 
     common: dict[str, Any] = {
+        "api_server_count": args.api_server_count if isinstance(args.api_server_count, int) else 1,
         "host": args.host,
         "port": args.port,
         "served_model_name": args.served_model_name,
@@ -828,7 +829,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     _apply_env_and_file(parser, args, argv)
     _setup_logging(args.log_level, args.log_format)
-    _check_api_server_count(args)
+    args.api_server_count = _check_api_server_count(args)
     config = _config_from_args(args, engine_args)
     try:
         trio.run(_run_gateway, config)

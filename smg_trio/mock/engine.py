@@ -248,6 +248,7 @@ class MockEngine:
                     self._admit(req)
             elif kind == b"\x01":
                 for rid in decode(payload, list[str]):
+                    log.debug("mock: abort %s", rid)
                     self.aborts.append(rid)
                     req = self.active.pop(rid, None)
                     if req is not None and self.config.protocol == "tokenspeed":
@@ -302,6 +303,7 @@ class MockEngine:
         )
 
     def _admit(self, req: MockRequest) -> None:
+        log.debug("mock: add %s (client %d)", req.request_id, req.client_index)
         self.requests.append(req)
         req.arrival_step = self._step
         if self.config.plan is not None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
+from functools import partial
 
 import attrs
 import trio
@@ -21,9 +22,11 @@ from smg_trio.serve.commands import (
     reject_handshake_collisions,
 )
 from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
+from smg_trio.serve.control import CONTROL_SOCKET, control_app
 from smg_trio.serve.discovery import DiscoveryWatcher
 from smg_trio.serve.launcher import EngineExited, run_engine_process
 from smg_trio.serve.progress import StartupProgress
+from smg_trio.serve.supervisor import FrontendGroup, _Slots, listening_socket, run_directory
 from smg_trio.tokenizer.hub import is_hub_id
 from smg_trio.transport.sockdir import default_socket_dir
 from smg_trio.worker.confine import WorkerConfinement, hf_hub_cache, is_loopback_host
@@ -63,6 +66,9 @@ class ServeHandle:
     manager: WorkerManager
     workers: tuple[WorkerState, ...]
     discovery: DiscoveryWatcher | None = None
+    #: With ``config.api_server_count > 1``: the frontend processes (``manager`` is then the
+    #: supervisor's, client 0 of every engine, and serves no inference itself).
+    frontends: FrontendGroup | None = None
 
     @property
     def base_url(self) -> str:
@@ -74,8 +80,12 @@ class ServeHandle:
         in-flight ones ``grace_s`` seconds to finish. Those still running then end with a 503
         ``draining`` error (an SSE error event and ``[DONE]`` for streams; their engines get
         ABORT), with up to :data:`DRAIN_FLUSH_S` seconds to write it. Cancel the serve nursery
-        afterwards to stop."""
+        afterwards to stop. With frontend processes, each one drains its own requests
+        (SIGTERM) and this returns once all of them exited."""
         self.manager.start_draining()
+        if self.frontends is not None:
+            await self.frontends.drain()
+            return
         with trio.move_on_after(grace_s):
             await self.manager.wait_idle()
         failed = self.manager.fail_inflight(
@@ -290,6 +300,18 @@ async def serve(
     eng = config.engines
     if eng is not None and eng.mock_script is not None and eng.model is not None:
         await trio.to_thread.run_sync(_check_mock_script, eng.mock_script, eng.model)
+    with ExitStack() as stack:
+        await _serve_in(config, plan, stack, force_stop, task_status)
+
+
+async def _serve_in(
+    config: GatewayConfig,
+    plan: list[tuple[str, EngineLaunch]],
+    stack: ExitStack,
+    force_stop: trio.Event | None,
+    task_status: trio.TaskStatus[ServeHandle],
+) -> None:
+    eng = config.engines
     async with trio.open_nursery() as nursery:
         manager = WorkerManager(
             nursery,
@@ -300,6 +322,7 @@ async def serve(
             max_finished_jobs=config.max_finished_jobs,
             job_ttl_s=config.job_ttl_s,
             worker_wait_timeout_s=config.worker_wait_timeout_s,
+            client_count=config.api_server_count + 1 if config.api_server_count > 1 else 1,
         )
         registered: set[str] = set()
         runs: dict[str, _EngineRun] = {}
@@ -343,19 +366,31 @@ async def serve(
                     tool_call_parser=config.tool_call_parser,
                 )
             )
-        app = create_app(manager, _http_config(config), operations=ADMIN_OPERATIONS)
         # as in smg, the shared --api-key also gates the control plane unless it has its own key
         admin_key = config.admin_api_key if config.admin_api_key is not None else config.api_key
         _log_admin_access(config, admin_key)
-        app.register_blueprint(
-            admin_blueprint(
-                manager, admin_api_key=admin_key, allow_insecure=config.allow_insecure_admin
-            )
+        admin = admin_blueprint(
+            manager, admin_api_key=admin_key, allow_insecure=config.allow_insecure_admin
         )
-        binds: list[str] = await nursery.start(serve_http, app, config.host, config.port)
-        host, _, port_text = binds[0].removeprefix("http://").rpartition(":")
-        host, port = host.strip("[]"), int(port_text)
-        log.info("smg_trio listening on http://%s:%d", host, port)
+        run_dir: str | None = None
+        if config.api_server_count > 1:
+            run_dir = stack.enter_context(
+                run_directory((eng.socket_dir if eng else None) or default_socket_dir())
+            )
+            listen = stack.enter_context(listening_socket(config.host, config.port))
+            host, port = listen.getsockname()[:2]
+            slots = _Slots(manager)
+            control = control_app(manager, admin, slots)
+            await nursery.start(
+                partial(serve_http, control, bind=f"unix:{os.path.join(run_dir, CONTROL_SOCKET)}")
+            )
+        else:
+            app = create_app(manager, _http_config(config), operations=ADMIN_OPERATIONS)
+            app.register_blueprint(admin)
+            binds: list[str] = await nursery.start(serve_http, app, config.host, config.port)
+            host, _, port_text = binds[0].removeprefix("http://").rpartition(":")
+            host, port = host.strip("[]"), int(port_text)
+            log.info("smg_trio listening on http://%s:%d", host, port)
         workers = []
         progress = StartupProgress(
             manager,
@@ -387,7 +422,18 @@ async def serve(
             }
             discovery = DiscoveryWatcher(manager, config.discovery_file, defaults)
             await nursery.start(discovery.run)
-        task_status.started(ServeHandle(host, port, manager, tuple(workers), discovery))
+        frontends = None
+        if run_dir is not None:
+            frontends = FrontendGroup(config, config.api_server_count, run_dir, listen)
+            frontends.manager = manager
+            await nursery.start(frontends.run)
+            log.info(
+                "smg_trio listening on http://%s:%d with %d frontend processes",
+                host,
+                port,
+                config.api_server_count,
+            )
+        task_status.started(ServeHandle(host, port, manager, tuple(workers), discovery, frontends))
         if workers or discovery is not None:
             log.info("gateway ready on http://%s:%d: %d worker(s)", host, port, len(workers))
         else:

@@ -116,3 +116,6 @@ class GatewayConfig:
     allowed_model_dirs: tuple[str, ...] | None = None
     #: While startup workers register, the longest gap between progress lines.
     startup_progress_interval_s: float = 5.0
+    #: ``--api-server-count``: HTTP frontend processes; above 1, ``serve`` is their supervisor
+    #: (docs/multi-frontend.md).
+    api_server_count: int = 1

@@ -8,7 +8,6 @@ from typing import Final, Literal
 
 __all__ = [
     "AUTO",
-    "MULTI_FRONTEND_NOT_YET",
     "TOKENSPEED_SINGLE_CLIENT",
     "api_server_count_problem",
     "parse_api_server_count",
@@ -25,14 +24,6 @@ TOKENSPEED_SINGLE_CLIENT: Final = (
     "TokenSpeed's has one: its engine connects only to the first input and output address of "
     "INIT (zmq_msgpack.py uses addresses.inputs[0]/outputs[0]) and its requests carry no "
     "client index; use --api-server-count 1 with --backend tokenspeed"
-)
-
-#: The wire (one handshake, N client pairs, ``client_index``) is in place; the process
-#: supervisor that runs N HTTP frontends on it is not.
-MULTI_FRONTEND_NOT_YET: Final = (
-    "--api-server-count above 1 is not available in this build yet: the engine wire serves "
-    "several frontend clients (docs/multi-frontend.md), but serve does not start the frontend "
-    "processes yet; use --api-server-count 1"
 )
 
 
@@ -60,4 +51,4 @@ def api_server_count_problem(count: int, backend: str | None) -> str | None:
         return None
     if backend == "tokenspeed":
         return TOKENSPEED_SINGLE_CLIENT
-    return MULTI_FRONTEND_NOT_YET
+    return None

@@ -129,10 +129,15 @@ class WorkerState(Worker):
     #: before reading ``client`` to wait for the next change without missing one.
     client_changed: trio.Event = attrs.field(factory=trio.Event)
     last_error: str | None = None
+    #: Counts the engine clients this worker had: each handshake (a restarted engine's too)
+    #: is a new generation, which frontend processes re-attach to.
+    generation: int = 0
 
     def set_client(self, client: EngineClient | None) -> None:
         """Swap the live engine client (or clear it) and wake ``client_changed`` waiters."""
         self.client = client
+        if client is not None:
+            self.generation += 1
         changed, self.client_changed = self.client_changed, trio.Event()
         changed.set()
         self.changed()
@@ -263,8 +268,12 @@ class WorkerManager:
         registration_timing: RegistrationTiming | None = None,
         worker_wait_timeout_s: float = WORKER_WAIT_TIMEOUT_S,
         model_grace_s: float = MODEL_GRACE_S,
+        client_count: int = 1,
     ) -> None:
         self._nursery = nursery
+        #: Frontend clients per engine (``--api-server-count`` + 1 under a supervisor): this
+        #: manager is client 0 and its INIT names every client's ipc pair.
+        self.client_count = client_count
         #: What worker specs may touch (default: :meth:`WorkerConfinement.default`).
         self.confinement = confinement or WorkerConfinement.default()
         self.policy: LoadBalancingPolicy = make_policy(policy)
@@ -428,8 +437,16 @@ class WorkerManager:
                 f"{', '.join(tool_parser_names())}",
                 param="tool_call_parser",
             )
+        if runtime == "tokenspeed" and self.client_count > 1:
+            raise ValidationError(
+                "runtime_type tokenspeed serves one frontend client, and this gateway runs "
+                "several (--api-server-count above 1)",
+                param="runtime_type",
+            )
         try:
-            addrs = worker_addresses(spec.url, spec.zmq_handshake_address)
+            addrs = worker_addresses(
+                spec.url, spec.zmq_handshake_address, client_count=self.client_count
+            )
         except ValueError as exc:
             raise ValidationError(
                 str(exc), param="url" if "URL" in str(exc) else "zmq_handshake_address"

@@ -11,7 +11,6 @@ import pytest
 
 from smg_trio import cli
 from smg_trio.serve.frontends import (
-    MULTI_FRONTEND_NOT_YET,
     TOKENSPEED_SINGLE_CLIENT,
     api_server_count_problem,
     parse_api_server_count,
@@ -80,8 +79,13 @@ def test_auto_is_printed(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    seen: list[int] = []
+
+    def stop(args: object, engine_args: object) -> None:
+        seen.append(args.api_server_count)
+        raise SystemExit(5)
+
+    monkeypatch.setattr(cli, "_config_from_args", stop)
     code, text = _exit(["serve", "--backend", "mock", "--api-server-count", "auto"], capsys)
     assert "--api-server-count auto: 2" in text
-    # The wire serves several clients; the frontend processes are not started by serve yet.
-    assert code == 2
-    assert MULTI_FRONTEND_NOT_YET in text
+    assert (code, seen) == (5, [2])  # serve runs two frontends (no usage error)

@@ -280,12 +280,18 @@ def listen_backlog(path: str = SOMAXCONN_PATH) -> int:
 
 
 def hyper_config(
-    host: str, port: int, graceful_timeout_s: float, *, enable_http2: bool = False
+    host: str,
+    port: int,
+    graceful_timeout_s: float,
+    *,
+    enable_http2: bool = False,
+    bind: str | None = None,
 ) -> HyperConfig:
-    """Hypercorn's config for :func:`serve_http`."""
+    """Hypercorn's config for :func:`serve_http`; ``bind`` (hypercorn's spelling: ``fd://N``,
+    ``unix:PATH``) replaces ``host:port``."""
     cfg = HyperConfig()
     setattr(cfg, HTTP2_ENABLED_ATTR, enable_http2)
-    cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    cfg.bind = [bind or (f"[{host}]:{port}" if ":" in host else f"{host}:{port}")]
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     cfg.graceful_timeout = graceful_timeout_s
@@ -300,6 +306,7 @@ async def serve_http(
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     graceful_timeout_s: float = 30.0,
+    bind: str | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` with smg_trio's hypercorn server
@@ -311,11 +318,12 @@ async def serve_http(
     ``shutdown_trigger()`` returns; then in-flight requests get ``graceful_timeout_s`` seconds
     to finish. Hypercorn logs through the ``hypercorn.error`` logger; no access log. A write
     blocked for the app's ``write_timeout_s`` drops its connection; the listen backlog is
-    :func:`listen_backlog`.
+    :func:`listen_backlog`. ``bind`` serves an inherited listening socket (``fd://N``, as
+    ``--api-server-count`` frontends do) or a unix socket (``unix:PATH``) instead.
     """
     gw = getattr(app, "extensions", {}).get(GATEWAY_KEY)  # a bare ASGI app has none
     enable_http2 = gw.config.enable_http2 if isinstance(gw, Gateway) else False
-    cfg = hyper_config(host, port, graceful_timeout_s, enable_http2=enable_http2)
+    cfg = hyper_config(host, port, graceful_timeout_s, enable_http2=enable_http2, bind=bind)
     write_timeout_s = (
         gw.config.write_timeout_s if isinstance(gw, Gateway) else DEFAULT_WRITE_TIMEOUT_S
     )

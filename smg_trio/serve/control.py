@@ -1,0 +1,176 @@
+"""The supervisor's control socket (``--api-server-count`` > 1): the admin API and the worker
+table, served over HTTP on a unix socket in the private run directory, and the frontends'
+side of it (the admin proxy, the table long-poll)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import msgspec
+import trio
+from quart import Blueprint, Response, request
+from quart_trio import QuartTrio
+
+from smg_trio.gateway.openai.errors import ApiError
+from smg_trio.worker.manager import WorkerManager, WorkerState
+
+__all__ = [
+    "ADMIN_PATHS",
+    "CONTROL_SOCKET",
+    "FRONTEND_READY",
+    "TABLE_POLL_S",
+    "ControlClient",
+    "admin_proxy_blueprint",
+    "control_app",
+    "worker_table",
+]
+
+log = logging.getLogger(__name__)
+
+#: The line a frontend prints on stdout once it serves (the supervisor waits for it).
+FRONTEND_READY = "smg_trio frontend ready"
+#: The control socket's name in the run directory.
+CONTROL_SOCKET = "control.sock"
+#: How long one table long-poll waits for a change before it answers unchanged.
+TABLE_POLL_S = 10.0
+#: The admin routes a frontend forwards to the supervisor (Quart rules).
+ADMIN_PATHS = (
+    ("/workers", ("GET", "POST")),
+    ("/workers/<worker_id>", ("GET", "DELETE")),
+    ("/workers/jobs/<job_id>", ("GET",)),
+    ("/get_loads", ("GET",)),
+)
+#: Response headers of an admin answer that the frontend passes on.
+_PASSED_HEADERS = ("content-type", "location", "www-authenticate", "retry-after")
+
+
+def _worker_entry(worker: WorkerState, slot: int) -> dict[str, Any]:
+    client = worker.engine_client
+    spec = worker.spec
+    engines = (
+        [
+            {
+                "identity": e.identity.hex(),
+                "index": e.index,
+                "ready": msgspec.to_builtins(e.ready),
+            }
+            for e in client.engines
+        ]
+        if client is not None and client.alive
+        else []
+    )
+    return {
+        "id": worker.worker_id,
+        "url": worker.url,
+        "model_id": worker.model_id,
+        "model_path": spec.model_path,
+        "runtime": worker.runtime,
+        "dp_size": worker.dp_size,
+        "reasoning_parser": spec.reasoning_parser,
+        "handshake": worker.addresses.handshake,
+        "status": worker.status,
+        "generation": worker.generation,
+        "max_model_len": worker.metadata.get("max_model_len"),
+        "metadata": dict(worker.metadata),
+        "engines": engines,
+        "slot": slot,
+    }
+
+
+def worker_table(manager: WorkerManager, slots: Callable[[str], int]) -> dict[str, Any]:
+    """What the frontends mirror: every registered worker with its engines' registrations
+    (those of the live client 0 only), its generation and its load slot, and the draining
+    flag."""
+    return {
+        "draining": manager.draining,
+        "workers": [_worker_entry(w, slots(w.worker_id)) for w in manager.workers],
+    }
+
+
+def control_app(manager: WorkerManager, admin: Blueprint, slots: Callable[[str], int]) -> QuartTrio:
+    """The supervisor's control app: ``admin`` (the ``/workers`` routes, with their auth) and
+    ``GET /_smg/table?known=ETAG``, which answers once the table differs from ``ETAG`` (or
+    after :data:`TABLE_POLL_S` unchanged)."""
+    app = QuartTrio("smg_trio.serve.control", static_folder=None)
+    app.config.update(RESPONSE_TIMEOUT=None)
+    app.register_blueprint(admin)
+
+    def snapshot() -> tuple[bytes, str]:
+        body = msgspec.json.encode(worker_table(manager, slots))
+        return body, format(hash(body) & 0xFFFFFFFFFFFF, "x")
+
+    @app.get("/_smg/table")
+    async def table() -> Response:
+        known = request.args.get("known", "")
+        body, etag = snapshot()
+        with trio.move_on_after(TABLE_POLL_S):
+            while etag == known:
+                await manager.registry.changed.wait()
+                body, etag = snapshot()
+        return Response(body, content_type="application/json", headers={"ETag": etag})
+
+    return app
+
+
+class ControlClient:
+    """A frontend's connection to the supervisor's control socket (HTTP over a unix socket;
+    the caller bounds each call with a cancel scope)."""
+
+    def __init__(self, path: str) -> None:
+        self._client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=path), base_url="http://supervisor", timeout=None
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._client.aclose()
+
+    async def forward(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> httpx.Response:
+        """One admin request, as the supervisor answers it."""
+        return await self._client.request(method, path, headers=headers, content=body)
+
+    async def table(self, known: str) -> tuple[dict[str, Any], str]:
+        """The worker table once it differs from ``known`` (an ETag; empty at first)."""
+        resp = await self._client.get("/_smg/table", params={"known": known})
+        resp.raise_for_status()
+        return msgspec.json.decode(resp.content), resp.headers.get("etag", "")
+
+
+def admin_proxy_blueprint(control: ControlClient) -> Blueprint:
+    """The admin routes of a frontend: each request goes to the supervisor as it came (method,
+    path, query, ``Authorization``, body), and its answer comes back as it went, so every
+    frontend answers them the same and a job's status reads the same from any of them."""
+    bp = Blueprint("smg_admin_proxy", __name__)
+
+    async def forward(**_: str) -> Response:
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() in ("authorization", "content-type", "accept")
+        }
+        body = await request.get_data(as_text=False)
+        assert isinstance(body, bytes)
+        path = request.full_path if request.query_string else request.path
+        try:
+            with trio.fail_after(60):
+                resp = await control.forward(request.method, path, headers, body)
+        except (httpx.HTTPError, trio.TooSlowError) as exc:
+            log.warning("admin request not forwarded to the supervisor: %s", exc)
+            err = ApiError(503, "the gateway supervisor is not reachable", code="unavailable")
+            return Response(err.body(), status=503, content_type="application/json")
+        out = Response(resp.content, status=resp.status_code)
+        for name in _PASSED_HEADERS:
+            if name in resp.headers:
+                out.headers[name] = resp.headers[name]
+        return out
+
+    for rule, methods in ADMIN_PATHS:
+        bp.add_url_rule(
+            rule, endpoint=rule.replace("/", "_"), view_func=forward, methods=list(methods)
+        )
+    return bp

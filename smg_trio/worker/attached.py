@@ -1,0 +1,244 @@
+"""A frontend process's workers (``--api-server-count`` > 1): a mirror of the supervisor's
+worker table whose engine clients attach to the engines that the supervisor (client 0)
+handshook, each through this frontend's own ipc pair."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+import msgspec
+import trio
+
+from smg_trio.backend import ServedModel, WorkerLease
+from smg_trio.connector.client import attach_engine_client
+from smg_trio.errors import EngineError, SmgError
+from smg_trio.protocol.addresses import worker_addresses
+from smg_trio.protocol.handshake import EngineCoreReadyResponse
+from smg_trio.protocol.vllm import VllmProtocol
+from smg_trio.transport.handshake import EngineRegistration
+from smg_trio.worker.manager import (
+    REBIND_BACKOFF_S,
+    WorkerManager,
+    WorkerSpec,
+    WorkerState,
+    _load_model,
+)
+from smg_trio.worker.shared_load import SharedLoad
+
+__all__ = ["AttachedWorker", "FrontendManager"]
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define(eq=False, kw_only=True)
+class AttachedWorker(WorkerState):
+    """A mirrored worker: what the supervisor last said of it (``entry``), woken by
+    ``entry_changed``; its load score counts every frontend's requests (``shared``)."""
+
+    entry: dict[str, Any] = attrs.field(factory=dict)
+    entry_changed: trio.Event = attrs.field(factory=trio.Event)
+    shared: SharedLoad | None = None
+
+    def update(self, entry: dict[str, Any]) -> None:
+        """Take the supervisor's new entry and wake the attach loop."""
+        self.entry = entry
+        self.metadata.update(entry.get("metadata") or {})
+        changed, self.entry_changed = self.entry_changed, trio.Event()
+        changed.set()
+
+    def load_score(self) -> float:
+        """As :meth:`WorkerState.load_score`, with the requests of every frontend counted."""
+        score = super().load_score()
+        if self.shared is not None:
+            score = max(score, float(self.shared.total(self.entry.get("slot", -1))))
+        return score
+
+
+def _registrations(entry: dict[str, Any]) -> list[EngineRegistration]:
+    return [
+        EngineRegistration(
+            identity=bytes.fromhex(e["identity"]),
+            index=e["index"],
+            ready=msgspec.convert(e["ready"], EngineCoreReadyResponse),
+        )
+        for e in entry["engines"]
+    ]
+
+
+class FrontendManager(WorkerManager):
+    """The backend of frontend client ``client_index``: registration happens in the
+    supervisor, and :meth:`apply` reconciles this process with its worker table (adding,
+    re-attaching after an engine restart, draining removed workers)."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        client_index: int,
+        client_count: int,
+        shared: SharedLoad | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(nursery, client_count=client_count, **kwargs)
+        self.client_index = client_index
+        self.shared = shared
+
+    @contextmanager
+    def lease(self, model_id: str, exclude: Collection[str] = ()) -> Iterator[WorkerLease]:
+        worker: WorkerState | None = None
+        try:
+            with super().lease(model_id, exclude) as lease:
+                worker = self.get_worker(lease.worker_id)
+                self._publish(worker)
+                yield lease
+        finally:
+            self._publish(worker)
+
+    def _publish(self, worker: WorkerState | None) -> None:
+        if self.shared is not None and isinstance(worker, AttachedWorker):
+            self.shared.publish(worker.entry.get("slot", -1), worker.inflight)
+
+    def apply(self, table: dict[str, Any]) -> None:
+        """Reconcile with one published table."""
+        if table.get("draining") and not self.draining:
+            self.start_draining()
+        entries = {e["id"]: e for e in table.get("workers", [])}
+        for worker in self.workers:
+            if worker.worker_id not in entries and worker.status not in ("draining", "removed"):
+                log.info("worker %r left the table; draining it here", worker.url)
+                self._nursery.start_soon(self.remove_worker, worker.worker_id)
+        for worker_id, entry in entries.items():
+            known = self.get_worker(worker_id)
+            if isinstance(known, AttachedWorker):
+                known.update(entry)
+            elif known is None:
+                self._adopt(entry)
+
+    def _adopt(self, entry: dict[str, Any]) -> None:
+        spec = WorkerSpec(
+            url=entry["url"],
+            model_path=entry["model_path"],
+            model_id=entry["model_id"],
+            runtime_type=entry["runtime"],
+            zmq_handshake_address=entry["handshake"],
+            dp_size=entry["dp_size"],
+            reasoning_parser=entry["reasoning_parser"],
+        )
+        addrs = worker_addresses(
+            spec.url,
+            entry["handshake"],
+            client_index=self.client_index,
+            client_count=self.client_count,
+        )
+        worker = AttachedWorker(
+            url=spec.url,
+            model_id=entry["model_id"],
+            runtime=entry["runtime"],
+            worker_id=entry["id"],
+            dp_size=entry["dp_size"],
+            handshake_address=entry["handshake"],
+            spec=spec,
+            addresses=addrs,
+            shared=self.shared,
+        )
+        worker.update(entry)
+        self.registry.register(worker)
+        self._nursery.start_soon(self._attach_loop, worker)
+
+    async def _load(self, worker: AttachedWorker) -> None:
+        if worker.model_id in self.models:
+            return
+        tok, (eos, extra), max_len = await trio.to_thread.run_sync(
+            _load_model, worker.spec.model_path, self.confinement.model_dirs
+        )
+        if worker.model_id not in self.models:
+            self.models[worker.model_id] = ServedModel(
+                model_id=worker.model_id,
+                tokenizer=tok,
+                protocol=VllmProtocol(self.client_index),
+                max_model_len=worker.entry.get("max_model_len") or max_len or 2048,
+                eos_token_id=eos,
+                extra_eos_token_ids=list(extra),
+                reasoning_parser=worker.spec.reasoning_parser,
+            )
+
+    async def _attach_loop(self, worker: AttachedWorker) -> None:
+        """Attach for each generation the supervisor reports ready; detach when the worker
+        leaves ``ready`` or a new generation (a restarted engine) comes."""
+        worker.scope = scope = trio.CancelScope()
+        worker.stopped = stopped = trio.Event()
+        try:
+            with scope:
+                try:
+                    await self._load(worker)
+                except (OSError, SmgError, ValueError) as exc:
+                    worker.last_error = f"{type(exc).__name__}: {exc}"
+                    log.error("worker %r: cannot load its model: %s", worker.url, exc)
+                    return
+                while True:
+                    await self._attach_once(worker)
+        finally:
+            worker.set_client(None)
+            stopped.set()
+
+    async def wait_attached(self) -> None:
+        """Return once every worker the supervisor reports ready is attached here."""
+        while True:
+            changed = self.registry.changed
+            pending = [
+                w
+                for w in self.workers
+                if isinstance(w, AttachedWorker)
+                and w.entry.get("status") == "ready"
+                and w.engine_client is None
+            ]
+            if not pending:
+                return
+            await changed.wait()
+
+    async def _attach_once(self, worker: AttachedWorker) -> None:
+        entry = worker.entry
+        if entry["status"] != "ready" or not entry["engines"]:
+            if worker.status == "ready":
+                worker.status = "unhealthy"
+            await worker.entry_changed.wait()
+            return
+        generation = entry["generation"]
+        model = self.models.get(worker.model_id)
+        if model is not None and entry.get("max_model_len"):
+            model.max_model_len = entry["max_model_len"]
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                # a new generation (a restarted engine) or a worker no longer ready detaches
+                while worker.entry["generation"] == generation and (
+                    worker.entry["status"] == "ready"
+                ):
+                    await worker.entry_changed.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            try:
+                async with attach_engine_client(
+                    VllmProtocol(self.client_index),
+                    worker.addresses,
+                    _registrations(entry),
+                    silence_timeout_s=self.silence_timeout_s,
+                ) as client:
+                    worker.set_client(client)
+                    worker.circuit.reset()
+                    worker.status = "ready"
+                    await client.dead_event.wait()
+                    worker.last_error = str(client.dead_reason)
+            except (EngineError, OSError) as exc:
+                worker.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("worker %r: attach failed: %s", worker.url, exc)
+            nursery.cancel_scope.cancel()
+        worker.set_client(None)
+        if worker.status == "ready":
+            worker.status = "unhealthy"
+        await trio.sleep(REBIND_BACKOFF_S)
