@@ -83,8 +83,12 @@ async def _forward(
     def emit(line: str) -> None:
         tail.append(line)
         level = levels.level(line)
-        if level >= min_level:
+        if level < min_level:
+            return
+        if log.isEnabledFor(level):
             log.log(level, "[%s] %s", name, line)
+        else:  # --engine-log-level below the gateway's own level: the engine's lines still show
+            log.handle(log.makeRecord(log.name, level, __file__, 0, "[%s] %s", (name, line), None))
 
     async for chunk in stream:
         buf += chunk

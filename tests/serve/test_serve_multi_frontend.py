@@ -67,7 +67,7 @@ async def serve_two(sock_dir: str, tmp_path: Path, *extra: str) -> AsyncIterator
         sys.executable, "-m", "smg_trio", "serve", "--backend", "mock",
         "--port", str(port), "--worker-base-port", str(random_worker_base_port()),
         "--dp-size", "2", "--api-server-count", "2", "--allow-insecure-admin",
-        "--shutdown-grace-period-secs", "20", *extra,
+        "--shutdown-grace-period-secs", "20", "--engine-log-level", "debug", *extra,
         "--", "--log-level", "DEBUG", "--step-ms", "10",
     ]  # fmt: skip
     with log_path.open("wb") as stderr:
