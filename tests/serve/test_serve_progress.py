@@ -143,11 +143,17 @@ async def test_engine_debug_lines_show_with_the_gateway_at_info(
 ) -> None:
     """``--engine-log-level debug`` shows the engine's DEBUG lines even though the gateway's
     own logger stays at INFO (the forwarded record bypasses the logger's level only)."""
-    caplog.set_level(logging.INFO, logger="smg_trio.serve.launcher")
-    send, receive = trio.testing.memory_stream_one_way_pair()
-    await send.send_all(b"(EngineCore_DP0 pid=1) DEBUG 12-01 18:00:04 [core.py:1] tick\n")
-    await send.aclose()
-    await _forward(receive, "engine-31000", deque(maxlen=4), logging.DEBUG)
+    caplog.handler.setLevel(logging.DEBUG)  # a handler that takes everything, as basicConfig's
+    logger = logging.getLogger("smg_trio.serve.launcher")
+    before = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        send, receive = trio.testing.memory_stream_one_way_pair()
+        await send.send_all(b"(EngineCore_DP0 pid=1) DEBUG 12-01 18:00:04 [core.py:1] tick\n")
+        await send.aclose()
+        await _forward(receive, "engine-31000", deque(maxlen=4), logging.DEBUG)
+    finally:
+        logger.setLevel(before)
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (
             logging.DEBUG,
