@@ -143,10 +143,10 @@ def _response_problems(body: dict[str, Any]) -> list[str]:
         problems.append(f"status is {body.get('status')!r}, expected completed or incomplete")
     usage = body.get("usage")
     problems += _usage_problems(usage, ("input_tokens", "output_tokens"), MAX)
-    keys = ("input_tokens", "output_tokens", "total_tokens")
-    counted = isinstance(usage, dict) and all(is_int(usage.get(k)) for k in keys)
-    if counted and usage["total_tokens"] != usage["input_tokens"] + usage["output_tokens"]:
-        problems.append(f"usage.total_tokens {usage['total_tokens']} != input + output")
+    counts: dict[str, Any] = usage if isinstance(usage, dict) else {}
+    total, into, out = (counts.get(k) for k in ("total_tokens", "input_tokens", "output_tokens"))
+    if is_int(total) and is_int(into) and is_int(out) and total != into + out:
+        problems.append(f"usage.total_tokens {total} != input + output")
     return problems
 
 
