@@ -77,7 +77,8 @@ def _message_blocks(content: list[dict[str, Any]]) -> Blocks:
     out: Blocks = []
     for b in content:
         if b["type"] == "tool_use":
-            assert b["id"].startswith("toolu_"), b
+            assert isinstance(b["id"], str), b  # toolu_..., or the model's own id
+            assert b["id"], b
             out.append(("tool_use", (b["name"], b["input"])))
         else:
             out.append((b["type"], b[b["type"]]))
@@ -167,7 +168,8 @@ def _items(output: list[dict[str, Any]]) -> Items:
     for item in output:
         assert item["status"] == "completed", item
         if item["type"] == "function_call":
-            assert item["call_id"].startswith("call_"), item
+            assert isinstance(item["call_id"], str), item
+            assert item["call_id"], item
             out.append(("function_call", (item["name"], item["arguments"])))
         else:
             out.append((item["type"], "".join(p["text"] for p in item["content"])))
