@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import httpx
 
-from conformance import cases_errors, cases_http, cases_robust
+from conformance import cases_apis, cases_errors, cases_http, cases_robust
 from conformance.case import Case, CaseResult, execute, execute_all
 from conformance.client import Context
 
@@ -15,7 +15,7 @@ __all__ = ["http_cases", "run_case", "run_cases", "select_cases"]
 
 def http_cases() -> list[Case]:
     """Every HTTP case, in run order (disconnect cases last: they may disturb a broken server)."""
-    return [*cases_http.CASES, *cases_errors.CASES, *cases_robust.CASES]
+    return [*cases_http.CASES, *cases_apis.CASES, *cases_errors.CASES, *cases_robust.CASES]
 
 
 def select_cases(cases: Sequence[Case], only: Iterable[str] | None) -> list[Case]:

@@ -57,20 +57,28 @@ FAULTS = frozenset(
         "stream_unknown_model_200",  # unknown model + stream -> SSE 200 with an error event (B20)
         "usage_total_off",  # total_tokens = prompt + completion + 1
         "wedge_after_long",  # a long request is never aborted and wedges the engine (B22)
+        "responses_seq_gap",  # Responses stream events skip a sequence_number
+        "messages_openai_errors",  # /v1/messages errors use OpenAI's envelope
     }
 )
+#: The other API shapes the fake serves (JSON in, a whole reply or a named-event stream out).
+APIS = ("/v1/responses", "/v1/messages", "/tokenize", "/detokenize")
 
 
 class HttpError(Exception):
     """An error reply: status, message, param."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, anthropic: bool = False
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
+        self.anthropic = anthropic
 
 
 class FakeOpenAI:
-    """ASGI app: /v1/models, /v1/chat/completions, /v1/completions, with optional faults."""
+    """ASGI app: /v1/models, /v1/chat/completions, /v1/completions, /v1/responses,
+    /v1/messages, /tokenize and /detokenize, with optional faults."""
 
     def __init__(self, faults: frozenset[str] = frozenset(), model: str = MODEL) -> None:
         unknown = faults - FAULTS
@@ -129,6 +137,10 @@ class FakeOpenAI:
         if "error_detail_only" in self.faults:
             await self._json(send, exc.status, {"detail": exc.message}, extra)
             return
+        if exc.anthropic and "messages_openai_errors" not in self.faults:
+            error = {"type": "invalid_request_error", "message": exc.message}
+            await self._json(send, exc.status, {"type": "error", "error": error}, extra)
+            return
         kind = "NotFoundError" if exc.status == 404 else "invalid_request_error"
         error = {"message": exc.message, "type": kind, "param": exc.param, "code": exc.status}
         await self._json(send, exc.status, {"error": error}, extra)
@@ -149,6 +161,9 @@ class FakeOpenAI:
                 await trio.sleep_forever()
             data = [{"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}]
             await self._json(send, 200, {"object": "list", "data": data}, extra)
+            return
+        if method == "POST" and path in APIS:
+            await self._api(path, await _read_body(receive), send, extra)
             return
         if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
             raise HttpError(404, f"no route {method} {path}")
@@ -368,6 +383,141 @@ class FakeOpenAI:
         if "double_done" in self.faults:
             tail.append("[DONE]")
         await _frames(send, tail, last=True)
+
+    # -- the other API shapes ----------------------------------------------------------------
+
+    async def _api(
+        self, path: str, raw: bytes, send: Send, extra: list[tuple[bytes, bytes]]
+    ) -> None:
+        anthropic = path == "/v1/messages"
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise HttpError(400, "JSON syntax error", anthropic=anthropic) from None
+        if not isinstance(body, dict):
+            raise HttpError(400, "the request body must be a JSON object", anthropic=anthropic)
+        if path == "/tokenize":
+            tokens = list(str(body.get("prompt", "")).encode())
+            out = {"count": len(tokens), "max_model_len": 4096, "tokens": tokens}
+            await self._json(send, 200, out, extra)
+            return
+        if path == "/detokenize":
+            ids = body.get("tokens")
+            if not isinstance(ids, list) or not all(_is_int(t) and 0 <= t < 256 for t in ids):
+                raise HttpError(400, "tokens must be ids in the vocabulary", "tokens")
+            await self._json(send, 200, {"prompt": bytes(ids).decode("utf-8", "replace")}, extra)
+            return
+        if body.get("model") != self.model:
+            raise HttpError(404, "model not found", "model", anthropic=anthropic)
+        limit = body.get("max_tokens" if anthropic else "max_output_tokens", 16)
+        if anthropic and "max_tokens" not in body:
+            raise HttpError(400, "max_tokens: Field required", anthropic=True)
+        if not _is_int(limit) or limit < 1:
+            raise HttpError(400, "the token limit must be at least 1", anthropic=anthropic)
+        toks = SCRIPT[:limit]
+        cut = limit < len(SCRIPT)
+        events = _messages(self, body, toks, cut) if anthropic else _responses(self, toks, cut)
+        if body.get("stream") is True:
+            await self._start(send, 200, "text/event-stream", extra)
+            if anthropic:
+                events = [e for e in events if e["type"] != "message"]
+            else:
+                events = [e for e in events if e["type"] != "response"]
+                for seq, e in enumerate(events):
+                    gap = "responses_seq_gap" in self.faults and seq > 2
+                    e["sequence_number"] = seq + (1 if gap else 0)
+            data = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+            await send({"type": "http.response.body", "body": data.encode()})
+            return
+        whole = next(e for e in events if e["type"] in ("message", "response"))
+        if anthropic:
+            await self._json(send, 200, whole, extra)
+        else:
+            await self._json(send, 200, whole["response"], extra)
+
+
+def _messages(
+    fake: FakeOpenAI, body: dict[str, Any], toks: list[str], cut: bool
+) -> list[dict[str, Any]]:
+    """The whole message (type ``message``) and its event stream."""
+    text = "".join(toks)
+    usage = {"input_tokens": 9, "output_tokens": len(toks)}
+    reason = "max_tokens" if cut else "end_turn"
+    msg = {
+        "id": f"msg_{next(fake._ids)}",
+        "type": "message",
+        "role": "assistant",
+        "model": body["model"],
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": reason,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+    start = {**msg, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}}
+    return [
+        msg,
+        {"type": "message_start", "message": start},
+        {"type": "ping"},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        *[
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}}
+            for t in toks
+        ],
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": None},
+            "usage": {"output_tokens": len(toks)},
+        },
+        {"type": "message_stop"},
+    ]
+
+
+def _responses(fake: FakeOpenAI, toks: list[str], cut: bool) -> list[dict[str, Any]]:
+    """The whole response (type ``response``) and its event stream."""
+    text = "".join(toks)
+    rid, item_id = f"resp_{next(fake._ids)}", "msg_0"
+    part = {"type": "output_text", "text": text, "annotations": []}
+    item = {
+        "type": "message",
+        "id": item_id,
+        "role": "assistant",
+        "status": "completed",
+        "content": [part],
+    }
+    status = "incomplete" if cut else "completed"
+    response = {
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": fake.model,
+        "status": status,
+        "output": [item],
+        "usage": {
+            "input_tokens": 9,
+            "output_tokens": len(toks),
+            "total_tokens": 9 + len(toks),
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    }
+    first = {**response, "status": "in_progress", "output": [], "usage": None}
+    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
+    return [
+        {"type": "response", "response": response},
+        {"type": "response.created", "response": first},
+        {"type": "response.in_progress", "response": first},
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {**item, "status": "in_progress", "content": []},
+        },
+        {"type": "response.content_part.added", **where, "part": {**part, "text": ""}},
+        *[{"type": "response.output_text.delta", **where, "delta": t} for t in toks],
+        {"type": "response.output_text.done", **where, "text": text},
+        {"type": "response.content_part.done", **where, "part": part},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": f"response.{status}", "response": response},
+    ]
 
 
 def _completion_logprobs(req: dict[str, Any], toks: list[str]) -> dict[str, Any] | None:

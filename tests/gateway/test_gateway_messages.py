@@ -5,6 +5,7 @@ Anthropic's error envelope and x-api-key."""
 from __future__ import annotations
 
 import gc
+import json
 from typing import Any
 
 import anthropic
@@ -16,6 +17,8 @@ from smg_trio.tokenizer import Tokenizer
 from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
 
 HI = [{"role": "user", "content": "hi"}]
+#: vLLM's rule: tools under tool_choice auto need a parser and --enable-auto-tool-choice.
+HERMES = GatewayHttpConfig(tool_call_parser="hermes", enable_auto_tool_choice=True)
 
 
 def _client(base_url: str, key: str = "x") -> anthropic.AsyncAnthropic:
@@ -132,7 +135,7 @@ async def test_tool_use_and_tool_result_turns_reach_the_template(
         },
     ]
     with trio.fail_after(DEADLINE_S):
-        async with harness(plan=lambda r: steps_of(tok, "It is sunny.")) as h:
+        async with harness(plan=lambda r: steps_of(tok, "It is sunny."), config=HERMES) as h:
             client = _client(h.base_url)
             try:
                 msg = await client.messages.create(
@@ -197,3 +200,97 @@ async def test_x_api_key_and_bearer_both_authenticate(harness: HarnessFactory) -
                 "/v1/chat/completions", {"model": "M", "messages": HI}, headers={"x-api-key": "k"}
             )
             assert chat.status_code == 401
+
+
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+SEARCH_TOOL = {
+    "name": "search",
+    "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}},
+}
+
+
+async def test_tools_without_the_parser_flags_are_a_clear_400_in_anthropics_envelope(
+    harness: HarnessFactory, tok: Tokenizer
+) -> None:
+    body = {"model": "M", "max_tokens": 8, "messages": HI, "tools": [WEATHER_TOOL]}
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "ok")) as h:  # no parser flags
+            for extra in ({}, {"tool_choice": {"type": "auto"}}, {"stream": True}):
+                resp = await h.post("/v1/messages", {**body, **extra})
+                assert resp.status_code == 400, resp.text
+                out = resp.json()
+                assert out["type"] == "error"
+                assert out["error"]["type"] == "invalid_request_error"
+                message = out["error"]["message"]
+                assert "--enable-auto-tool-choice" in message
+                assert "--tool-call-parser" in message
+                assert '{"type": "any"}' in message  # what works without them
+            assert h.engine.requests == []
+            # tool_choice none needs no parser: the tools are rendered, the reply is text
+            resp = await h.post("/v1/messages", {**body, "tool_choice": {"type": "none"}})
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["content"] == [{"type": "text", "text": "ok"}]
+
+
+def _structured(raw: Any) -> Any:
+    sp = raw.sampling_params if hasattr(raw, "sampling_params") else raw["sampling_params"]
+    so = getattr(sp, "structured_outputs", None)
+    return so if so is not None else sp.get("structured_outputs")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_any_and_tool_constrain_the_engine_and_answer_tool_use(
+    harness: HarnessFactory, tok: Tokenizer, stream: bool
+) -> None:
+    """``any`` is chat's ``required`` (``disable_parallel_tool_use``: at most one call), ``tool``
+    a named function: a JSON schema reaches the engine and the constrained output comes back
+    as ``tool_use`` blocks, with no parser flags."""
+    replies = {
+        "any": '[{"name": "search", "parameters": {"query": "ß"}}]',
+        "tool": '{"city": "Lyon"}',
+    }
+    base = {"model": "M", "max_tokens": 40, "messages": HI, "tools": [WEATHER_TOOL, SEARCH_TOOL]}
+
+    def plan(r: Any) -> list[list[int]]:
+        schema = _structured(r.raw)["json"]
+        return steps_of(tok, replies["any" if schema.get("type") == "array" else "tool"])
+
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=plan) as h:
+            choices = [
+                ({"type": "any", "disable_parallel_tool_use": True}, ("search", {"query": "ß"})),
+                ({"type": "tool", "name": "get_weather"}, ("get_weather", {"city": "Lyon"})),
+            ]
+            for choice, (name, args) in choices:
+                body = {**base, "tool_choice": choice}
+                if stream:
+                    _, events = await h.stream("/v1/messages", body)
+                    blocks = [
+                        e["content_block"] for e in events if e["type"] == "content_block_start"
+                    ]
+                    partial = "".join(
+                        e["delta"]["partial_json"]
+                        for e in events
+                        if e["type"] == "content_block_delta"
+                    )
+                    reason = next(e for e in events if e["type"] == "message_delta")["delta"][
+                        "stop_reason"
+                    ]
+                    got = [(b["type"], b["name"], json.loads(partial)) for b in blocks]
+                else:
+                    resp = await h.post("/v1/messages", body)
+                    assert resp.status_code == 200, resp.text
+                    out = resp.json()
+                    reason = out["stop_reason"]
+                    got = [(b["type"], b["name"], b["input"]) for b in out["content"]]
+                    assert out["content"][0]["id"].startswith("toolu_")
+                assert got == [("tool_use", name, args)]
+                assert reason == "tool_use"
+            any_schema = _structured(h.engine.requests[0].raw)["json"]
+            assert any_schema["type"] == "array"
+            assert any_schema["maxItems"] == 1
+            named_schema = _structured(h.engine.requests[1].raw)["json"]
+            assert named_schema == WEATHER_TOOL["input_schema"]

@@ -24,6 +24,9 @@ TOOLS: list[Any] = [
     }
 ]
 
+#: vLLM's rule: tools under tool_choice auto need a parser and --enable-auto-tool-choice.
+HERMES = GatewayHttpConfig(tool_call_parser="hermes", enable_auto_tool_choice=True)
+
 
 def _client(base_url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
@@ -85,13 +88,13 @@ async def test_function_call_output_round_trip_and_previous_response_id(
     harness: HarnessFactory, tok: Tokenizer
 ) -> None:
     with trio.fail_after(DEADLINE_S):
-        async with harness(plan=lambda r: steps_of(tok, "It is sunny.")) as h:
+        async with harness(plan=lambda r: steps_of(tok, "It is sunny."), config=HERMES) as h:
             client = _client(h.base_url)
             try:
                 first = await client.responses.create(
                     model="M", input="weather in Paris?", tools=TOOLS, max_output_tokens=8
                 )
-                # the client ran the tool the model (had it a parser) asked for
+                # the client ran the tool the model asked for
                 second = await client.responses.create(
                     model="M",
                     previous_response_id=first.id,
@@ -177,3 +180,78 @@ async def test_unsupported_is_a_400_naming_it(
             assert err["param"] == param
             assert word in err["message"]
             assert not h.engine.requests
+
+
+async def test_tools_without_the_parser_flags_are_a_clear_400(
+    harness: HarnessFactory, tok: Tokenizer
+) -> None:
+    body = {"model": "M", "input": "hi", "tools": TOOLS, "max_output_tokens": 8}
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "ok")) as h:  # no parser flags
+            for extra in ({}, {"tool_choice": "auto"}, {"stream": True}):
+                resp = await h.post("/v1/responses", {**body, **extra})
+                assert resp.status_code == 400, resp.text
+                err = resp.json()["error"]
+                assert err["type"] == "invalid_request_error"
+                assert err["param"] == "tool_choice"
+                assert "--enable-auto-tool-choice" in err["message"]
+                assert "--tool-call-parser" in err["message"]
+                assert '"required"' in err["message"]  # what works without them
+            assert h.engine.requests == []
+            resp = await h.post("/v1/responses", {**body, "tool_choice": "none"})
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["output"][0]["content"][0]["text"] == "ok"
+
+
+def _structured(raw: Any) -> Any:
+    sp = raw.sampling_params if hasattr(raw, "sampling_params") else raw["sampling_params"]
+    so = getattr(sp, "structured_outputs", None)
+    return so if so is not None else sp.get("structured_outputs")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_required_and_named_constrain_the_engine_and_answer_function_calls(
+    harness: HarnessFactory, tok: Tokenizer, stream: bool
+) -> None:
+    replies = {
+        "required": '[{"name": "get_weather", "parameters": {"city": "Rome"}}]',
+        "named": '{"city": "Lyon"}',
+    }
+
+    def plan(r: Any) -> list[list[int]]:
+        schema = _structured(r.raw)["json"]
+        return steps_of(tok, replies["required" if schema.get("type") == "array" else "named"])
+
+    base = {"model": "M", "input": "hi", "tools": TOOLS, "max_output_tokens": 40}
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=plan) as h:
+            choices: list[tuple[Any, str]] = [
+                ("required", '{"city": "Rome"}'),
+                ({"type": "function", "name": "get_weather"}, '{"city": "Lyon"}'),
+            ]
+            for choice, args in choices:
+                body = {**base, "tool_choice": choice, "parallel_tool_calls": False}
+                if stream:
+                    _, events = await h.stream("/v1/responses", body)
+                    assert events[-1]["type"] == "response.completed"
+                    deltas = "".join(
+                        e["delta"]
+                        for e in events
+                        if e["type"] == "response.function_call_arguments.delta"
+                    )
+                    done = next(
+                        e for e in events if e["type"] == "response.function_call_arguments.done"
+                    )
+                    assert done["arguments"] == deltas
+                    out = events[-1]["response"]
+                else:
+                    resp = await h.post("/v1/responses", body)
+                    assert resp.status_code == 200, resp.text
+                    out = resp.json()
+                items = [(i["type"], i["name"], i["arguments"]) for i in out["output"]]
+                assert items == [("function_call", "get_weather", args)]
+                assert out["output"][0]["call_id"].startswith("call_")
+            required = _structured(h.engine.requests[0].raw)["json"]
+            assert required["type"] == "array"
+            assert required["maxItems"] == 1
+            assert _structured(h.engine.requests[1].raw)["json"] == TOOLS[0]["parameters"]

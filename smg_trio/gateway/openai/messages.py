@@ -15,7 +15,7 @@ from smg_trio.backend import ServedModel
 from smg_trio.errors import ValidationError
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.openai.api import ResponseIds
-from smg_trio.gateway.openai.calls import call_input, merge_calls, new_call_id
+from smg_trio.gateway.openai.calls import Call, call_input, input_json, merge_calls, needs_flags
 from smg_trio.gateway.openai.chat import CHAT, ChatDraft, ChatJob
 from smg_trio.gateway.openai.errors import anthropic_envelope, to_api_error
 from smg_trio.gateway.openai.fanout import SubRequest
@@ -28,6 +28,7 @@ from smg_trio.gateway.openai.messages_schemas import (
 )
 from smg_trio.gateway.openai.schemas import ChatCompletionRequest
 from smg_trio.gateway.openai.textgen import ChoiceCollector, TextDelta
+from smg_trio.parsers.tools import ToolCallDelta
 
 __all__ = ["MESSAGES", "MessagesApi", "count_tokens", "to_chat_messages"]
 
@@ -158,6 +159,13 @@ def _chat_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:
     return tools
 
 
+def _parallel(choice: dict[str, Any] | None) -> bool | None:
+    """``tool_choice.disable_parallel_tool_use`` as chat's ``parallel_tool_calls``."""
+    if choice is None or choice.get("disable_parallel_tool_use") is None:
+        return None
+    return not choice["disable_parallel_tool_use"]
+
+
 def _chat_tool_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | None:
     """Anthropic's ``tool_choice`` in chat's terms: ``auto``, ``none``, ``any`` = required,
     ``tool`` = the named function."""
@@ -205,16 +213,27 @@ def _sse(event: str, payload: Any) -> bytes:
 
 
 def _stop(
-    finish: str | None, stop_reason: int | str | None, stops: Sequence[str], calls: bool
+    finish: str | None, stop_reason: int | str | None, stops: Sequence[str]
 ) -> tuple[str, str | None]:
-    """``(stop_reason, stop_sequence)`` of Anthropic's message."""
-    if calls:
+    """``(stop_reason, stop_sequence)`` of Anthropic's message: ``tool_use`` when calls were
+    made and the engine stopped (chat's ``tool_calls``); a reply cut short is ``max_tokens``
+    even with a (maybe partial) call in it."""
+    if finish == "tool_calls":
         return "tool_use", None
     if finish == "length":
         return "max_tokens", None
     if isinstance(stop_reason, str) and stop_reason in stops:
         return "stop_sequence", stop_reason
     return "end_turn", None
+
+
+def _tool_use(call: Call) -> dict[str, Any]:
+    """A ``tool_use`` block without ``input``; the gateway's ``call_`` ids read ``toolu_``
+    (Anthropic's prefix), the same in both modes; a model's own id stays as it is."""
+    cid = call.id
+    if cid.startswith("call_"):
+        cid = "toolu_" + cid.removeprefix("call_")
+    return {"type": "tool_use", "id": cid, "name": call.name}
 
 
 class MessagesApi:
@@ -242,10 +261,15 @@ class MessagesApi:
             stream=bool(body.stream),
             tools=_chat_tools(body),
             tool_choice=_chat_tool_choice(body.tool_choice),
+            parallel_tool_calls=_parallel(body.tool_choice),
             chat_template_kwargs=_template_kwargs(body.thinking),
         )
         stops = tuple(body.stop_sequences or ())
-        return MessagesDraft(CHAT.check(chat, served, config), stops)
+        try:
+            draft = CHAT.check(chat, served, config)
+        except ValidationError as exc:
+            raise needs_flags(exc, 'tool_choice {"type": "any"}, "tool" and "none"') from None
+        return MessagesDraft(draft, stops)
 
 
 #: The Anthropic Messages API.
@@ -306,17 +330,8 @@ class MessagesJob:
         if text or not calls:
             content.append({"type": "text", "text": text})
         for call in calls:
-            content.append(
-                {
-                    "type": "tool_use",
-                    "id": call.id,
-                    "name": call.name,
-                    "input": call_input(call.arguments),
-                }
-            )
-        reason, sequence = _stop(
-            pipeline.finish_reason, pipeline.stop_reason, self.stops, bool(calls)
-        )
+            content.append({**_tool_use(call), "input": call_input(call.arguments)})
+        reason, sequence = _stop(pipeline.finish_reason, pipeline.stop_reason, self.stops)
         return AnthropicMessage(
             id=self.chat.ids.response_id,
             model=self.chat.served.model_id,
@@ -331,16 +346,20 @@ class MessagesStreamRenderer:
     """Anthropic's events: ``message_start`` and ``ping``, then per content block
     ``content_block_start``, its ``content_block_delta``s (``thinking_delta``, ``text_delta``,
     ``input_json_delta``) and ``content_block_stop``, then ``message_delta`` (stop reason,
-    output tokens) and ``message_stop``. No ``[DONE]``; an error is an ``error`` event."""
+    output tokens) and ``message_stop``. No ``[DONE]``; an error is an ``error`` event.
+
+    Blocks come in the whole message's order: thinking, text, then the ``tool_use`` blocks,
+    sent when the reply ends (calls are the reply's end), each with one ``input_json_delta``
+    that parses to the whole message's ``input`` (the SDKs parse every partial buffer, so a
+    call's raw fragments, which may not be JSON, are never sent)."""
 
     done = b""
 
     def __init__(self, job: MessagesJob) -> None:
         self._job = job
         self._index = -1  # the open block's index
-        self._open: str | None = None  # "thinking", "text", ("tool", index)
-        self._open_call: int | None = None
-        self._calls = False
+        self._open: str | None = None  # "thinking", "text", "tool_use"
+        self._calls: list[ToolCallDelta] = []
 
     def start(self) -> bytes:
         job = self._job
@@ -362,7 +381,6 @@ class MessagesStreamRenderer:
         if self._open is None:
             return b""
         self._open = None
-        self._open_call = None
         return _sse("content_block_stop", {"type": "content_block_stop", "index": self._index})
 
     def _begin(self, kind: str, block: dict[str, Any]) -> bytes:
@@ -386,32 +404,21 @@ class MessagesStreamRenderer:
             if self._open != "text":
                 out.append(self._begin("text", {"type": "text", "text": ""}))
             out.append(self._delta({"type": "text_delta", "text": delta.text}))
-        for call in delta.tool_calls:
-            if self._open != "tool_use" or self._open_call != call.index:
-                self._calls = True
-                block = {
-                    "type": "tool_use",
-                    "id": call.id or new_call_id("toolu_"),
-                    "name": call.name or "",
-                    "input": {},
-                }
-                out.append(self._begin("tool_use", block))
-                self._open_call = call.index
-            if call.arguments:
-                out.append(
-                    self._delta({"type": "input_json_delta", "partial_json": call.arguments})
-                )
+        self._calls.extend(delta.tool_calls)
         return b"".join(out)
 
     def end(self) -> bytes:
         job = self._job
         pipeline = job.subs[0].pipeline
         out = self._close()
-        if self._index < 0:  # no block at all: an empty text block, as Anthropic sends
+        calls = merge_calls(self._calls, "toolu_")
+        if self._index < 0 and not calls:  # no block at all: an empty text block, as Anthropic
             out = self._begin("text", {"type": "text", "text": ""}) + self._close()
-        reason, sequence = _stop(
-            pipeline.finish_reason, pipeline.stop_reason, job.stops, self._calls
-        )
+        for call in calls:
+            out += self._begin("tool_use", {**_tool_use(call), "input": {}})
+            partial = {"type": "input_json_delta", "partial_json": input_json(call.arguments)}
+            out += self._delta(partial) + self._close()
+        reason, sequence = _stop(pipeline.finish_reason, pipeline.stop_reason, job.stops)
         message_delta = {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},

@@ -16,7 +16,7 @@ from smg_trio.backend import ServedModel
 from smg_trio.errors import ValidationError
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.openai.api import ResponseIds
-from smg_trio.gateway.openai.calls import merge_calls, new_call_id
+from smg_trio.gateway.openai.calls import merge_calls, needs_flags, new_call_id
 from smg_trio.gateway.openai.chat import CHAT, ChatDraft, ChatJob
 from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.gateway.openai.fanout import SubRequest
@@ -24,6 +24,7 @@ from smg_trio.gateway.openai.responses_schemas import ResponseObject, ResponsesR
 from smg_trio.gateway.openai.responses_store import ResponseStoreLike, StoredResponse
 from smg_trio.gateway.openai.schemas import ChatCompletionRequest
 from smg_trio.gateway.openai.textgen import ChoiceCollector, TextDelta
+from smg_trio.parsers.tools import ToolCallDelta
 from smg_trio.tokenizer import Tokenizer
 
 __all__ = ["BUILTIN_TOOLS", "ResponsesApi", "to_chat_messages"]
@@ -203,7 +204,10 @@ class ResponsesApi:
             response_format=_response_format(body.text),
             chat_template_kwargs=None if effort is None else {"reasoning_effort": effort},
         )
-        draft = CHAT.check(chat, served, config)
+        try:
+            draft = CHAT.check(chat, served, config)
+        except ValidationError as exc:
+            raise needs_flags(exc, 'tool_choice "required", a named function and "none"') from None
         store = self.store if body.store is not False else None
         return ResponsesDraft(draft, body, [*history, *turn], store)
 
@@ -381,7 +385,11 @@ class ResponsesStreamRenderer:
     (``response.reasoning_text.delta``, ``response.content_part.added`` and
     ``response.output_text.delta``, ``response.function_call_arguments.delta``), their
     ``.done`` events and ``response.output_item.done``, then ``response.completed`` (or
-    ``response.incomplete``; ``response.failed`` after an error). No ``[DONE]``."""
+    ``response.incomplete``; ``response.failed`` after an error). No ``[DONE]``.
+
+    Items come in the whole response's order: reasoning, the message, then the
+    ``function_call`` items, sent when the reply ends (calls are the reply's end) with each
+    call's argument fragments as the model wrote them."""
 
     done = b""
 
@@ -392,7 +400,7 @@ class ResponsesStreamRenderer:
         self._open: str | None = None  # "reasoning", "message", "function_call"
         self._text: list[str] = []  # the open item's text or arguments
         self._reasoning: list[str] = []  # all reasoning text (for reasoning_tokens)
-        self._call_index: int | None = None
+        self._calls: list[ToolCallDelta] = []  # sent when the reply ends
 
     def _event(self, kind: str, payload: dict[str, Any]) -> bytes:
         payload = {"type": kind, "sequence_number": self._seq, **payload}
@@ -497,33 +505,33 @@ class ResponsesStreamRenderer:
                     },
                 )
             )
-        for call in delta.tool_calls:
-            if self._open != "function_call" or self._call_index != call.index:
-                item = _call_item(
-                    _item_id("fc_"),
-                    call.id or new_call_id("call_"),
-                    call.name or "",
-                    "",
-                    "in_progress",
-                )
-                out.append(self._begin("function_call", item))
-                self._call_index = call.index
-            if call.arguments:
-                self._text.append(call.arguments)
-                out.append(
-                    self._event(
-                        "response.function_call_arguments.delta",
-                        {
-                            "item_id": self._output[-1]["id"],
-                            "output_index": self._index,
-                            "delta": call.arguments,
-                        },
+        self._calls.extend(delta.tool_calls)
+        return b"".join(out)
+
+    def _function_calls(self) -> bytes:
+        """The ``function_call`` items, after the reasoning and the message as in the whole
+        response: each call's argument fragments as the model wrote them, then ``.done``."""
+        out: list[bytes] = []
+        fragments: dict[int, list[str]] = {}
+        for d in self._calls:
+            fragments.setdefault(d.index, []).append(d.arguments)
+        for call in merge_calls(self._calls, "call_"):
+            item = _call_item(_item_id("fc_"), call.id, call.name, "", "in_progress")
+            out.append(self._begin("function_call", item))
+            for fragment in fragments[call.index]:
+                if fragment:
+                    self._text.append(fragment)
+                    where = {"item_id": item["id"], "output_index": self._index}
+                    out.append(
+                        self._event(
+                            "response.function_call_arguments.delta", {**where, "delta": fragment}
+                        )
                     )
-                )
         return b"".join(out)
 
     def end(self) -> bytes:
-        out = self._close()
+        out = self._close() + self._function_calls()
+        out += self._close()
         if not self._output:  # nothing generated: one empty message, as the whole result has
             out += self._begin("message", _message_item(_item_id("msg_"), None, "in_progress"))
             out += self._close()
