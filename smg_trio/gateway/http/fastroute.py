@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 from quart import Response
+from quart.wrappers.response import DataBody
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 from smg_trio.gateway.http.call import json_response
@@ -175,5 +176,26 @@ class InferenceRoutes:
             except Exception as exc:
                 err = to_api_error(exc)
                 response = json_response(err.status, err.body(), headers=err.headers)
-            await self._send_response(scope, send, response)
+            body = response.response
+            if type(body) is DataBody:
+                await _send_whole(send, response, body.data)
+            else:
+                await self._send_response(scope, send, response)
             nursery.cancel_scope.cancel()
+
+
+async def _send_whole(send: Send, response: Response, data: bytes) -> None:
+    """Send a response whose body is all in memory as two ASGI messages (the head, then the
+    whole body as the final message), where Quart's sender builds a connection object and
+    sends three (head, body, an empty final body): one pass less through the server's send
+    stack per request, the same bytes on the wire."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": [
+                (key.lower().encode(), value.encode()) for key, value in response.headers.items()
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": data, "more_body": False})
