@@ -775,9 +775,10 @@ async def _phase(
         if idle is not None:
             # every gateway idle at once, after the warm-up: CPU per second of wall time
             cpu0 = {n: g.cpu() for n, g in gateways.items()}
-            await trio.sleep(IDLE_WINDOW_S)
+            window = IDLE_WINDOW_S / 3 if args.quick else IDLE_WINDOW_S
+            await trio.sleep(window)
             for n, g in gateways.items():
-                idle[n] = (g.cpu() - cpu0[n]) / IDLE_WINDOW_S * 1e3
+                idle[n] = (g.cpu() - cpu0[n]) / window * 1e3
             print(f"  idle CPU ms/s: { {n: round(v, 1) for n, v in idle.items()} }", flush=True)
         client_cm: contextlib.AbstractAsyncContextManager[Any] | None = None
         if any(w.ttft for w in workloads):
@@ -834,7 +835,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         names.append("smg")
     else:
         print(f"smg skipped: {reason}", file=sys.stderr)
-    if args.vllm:
+    if args.vllm and args.quick and not args.with_vllm:
+        print("vLLM API server skipped in --quick (its start-up takes minutes; --with-vllm)")
+    elif args.vllm:
         reason = vllm_missing_reason()
         if reason is None:
             names.append("vllm")
@@ -924,7 +927,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer requests, one repetition")
     p.add_argument("--reps", type=int, default=None, help="repetitions (default 3, quick 1)")
     p.add_argument("--only", nargs="*", default=[], help="run only these workloads")
-    p.add_argument("--rss-streams", type=int, default=1000, help="0 skips the memory phase")
+    p.add_argument(
+        "--rss-streams",
+        type=int,
+        default=None,
+        help="streams of the memory phase (default 1000, quick 200; 0 skips it)",
+    )
     p.add_argument("--rss-step-ms", type=float, default=1000.0)
     p.add_argument(
         "--no-vllm",
@@ -932,6 +940,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_false",
         help="skip vLLM's own API server (run when .peers/vllm is installed)",
     )
+    p.add_argument("--with-vllm", action="store_true", help="run vLLM's API server in --quick too")
     p.add_argument(
         "--client-procs",
         type=int,
@@ -981,6 +990,8 @@ def run_bench(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; every process it started is stopped on the way out (also on Ctrl-C
     or SIGTERM)."""
     args = parser().parse_args(argv)
+    if args.rss_streams is None:
+        args.rss_streams = 200 if args.quick else 1000
     args.argv = _shown_argv(list(sys.argv[1:] if argv is None else argv))
     result = trio.run(_bench_until_sigterm, args)
     if result is None:
