@@ -173,6 +173,26 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
+def tree_pids(root: int) -> list[int]:
+    """``root`` and every live descendant of it (a frontend in a session of its own too)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))  # field 4 (ppid)
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
 def cpu_seconds(pids: Sequence[int]) -> float:
     """utime+stime (all threads) of ``pids``, in seconds."""
     ticks = 0
@@ -282,7 +302,7 @@ async def start_gateway(
     gw = Gateway(name, port, str(model_dir), proc, mock, log)
     t0 = time.perf_counter()
     await wait_ready(gw)
-    gw.pids = group_pids(proc.pid)
+    gw.pids = sorted(set(group_pids(proc.pid)) | set(tree_pids(proc.pid)))
     print(f"  {name} ready in {time.perf_counter() - t0:.1f} s (pids {gw.pids})", flush=True)
     return gw
 
@@ -753,7 +773,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 async def _phase(
     args: argparse.Namespace,
-    names: Sequence[str],
+    names: list[str],
     model_dir: Path,
     step_ms: float,
     workloads: Sequence[Workload],
@@ -767,8 +787,16 @@ async def _phase(
     steps every ``step_ms``; run ``workloads`` ``reps`` times, alternating the gateways."""
     with contextlib.ExitStack() as stack:
         gateways: dict[str, Gateway] = {}
-        for name in names:
-            gw = gateways[name] = await start_gateway(name, model_dir, step_ms, stack)
+        for name in list(names):
+            try:
+                gw = gateways[name] = await start_gateway(name, model_dir, step_ms, stack)
+            except RuntimeError as exc:
+                if name != "smg_trio_n2":
+                    raise
+                print(f"  smg_trio_n2 skipped: it did not start: {str(exc)[-300:]}", flush=True)
+                names.remove(name)
+                runs.pop(name, None)
+                continue
             for s in (True, False):  # warm-up
                 raw = build_request(gw.port, chat_body(gw.model, PROMPT, 16, stream=s))
                 await run_load(gw.port, raw, stream=s, concurrency=8, total=64, expect_tokens=16)
@@ -876,7 +904,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         print(f"phase: memory, mock step {args.rss_step_ms:g} ms", flush=True)
         for name in names:
             with contextlib.ExitStack() as stack:
-                gw = await start_gateway(name, model_dir, args.rss_step_ms, stack)
+                try:
+                    gw = await start_gateway(name, model_dir, args.rss_step_ms, stack)
+                except RuntimeError:
+                    if name != "smg_trio_n2":
+                        raise
+                    continue
                 memory[name] = await rss_with_streams(gw, args.rss_streams)
                 print(f"  memory {name}: {memory[name]}", flush=True)
     summary = summarize(runs, baseline)
