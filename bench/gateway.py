@@ -4,9 +4,13 @@ Not a test: it prints a table and (with ``--json``) writes the figures. ``bench/
 the entry point that also draws the chart and refreshes ``docs/performance.md``.
 
 Each gateway runs as its own process (its own process group) with its own mock engine
-subprocess (``bench/mock.py``, 1 ms step, merged-BPE tokens) dialing its handshake port. This
-process is the load generator (``bench/loadgen.py``). The workloads alternate between the
-gateways inside each repetition, so both see the same machine noise.
+subprocess (``bench/mock.py``, 1 ms step, merged-BPE tokens) dialing its handshake port. The
+load comes from ``--client-procs`` separate ``bench/lean_client.py`` processes (raw HTTP/1.1
+on asyncio/uvloop, their CPU reported), and a client-capacity check runs the saturation
+workload against smg with twice as many client processes: the client is not the bottleneck
+when that raises smg's tokens/s by at most 5%. The workloads alternate between the gateways
+inside each repetition, so all of them see the same machine noise. ``smg_trio_n2``
+(``--api-server-count 2``) is a row when ``launch`` has that flag.
 
 * CPU: utime+stime of every process in the gateway's process group (all threads), from
   ``/proc/<pid>/stat``, read when the workload's connections are open and again when its last
@@ -37,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,7 +100,28 @@ class Workload:
 WORKLOADS = (
     Workload("stream_c1", True, 1, 16, 240, 60, title="streaming, 16 tokens, c=1"),
     Workload("stream_c32", True, 32, 256, 96, 32, title="streaming, 256 tokens, c=32"),
+    Workload("stream64_c32", True, 32, 64, 320, 96, ttft=False, title="streaming, 64 tokens, c=32"),
     Workload("stream_c256", True, 256, 64, 768, 256, title="streaming, 64 tokens, c=256"),
+    Workload(
+        "stream_c1024",
+        True,
+        1024,
+        64,
+        2048,
+        1024,
+        ttft=False,
+        title="streaming, 64 tokens, c=1024",
+    ),
+    Workload(
+        "streams_1000",
+        True,
+        1000,
+        32,
+        1000,
+        1000,
+        ttft=False,
+        title="1000 concurrent streams x 32 tokens (wall time)",
+    ),
     Workload(
         "chat_c32", False, 32, 16, 640, 160, ttft=False, title="non-streaming, 16 tokens, c=32"
     ),
@@ -112,6 +137,13 @@ WORKLOADS = (
         title="streaming, 256 tokens, c=32, 10 ms step (~3.2k tokens/s)",
     ),
 )
+#: The saturation workload whose throughput the client-capacity check compares.
+CHECK_WORKLOAD = "stream_c256"
+#: Client processes per workload (``--client-procs``; at most one per connection).
+CLIENT_PROCS = 2
+#: The client-capacity check passes when doubling the client processes raises the reference
+#: gateway's tokens/s by at most this fraction.
+CLIENT_CHECK_MAX_GAIN = 0.05
 #: Sampled token ids: the longest run of tiny-model tokens that each decode to complete UTF-8.
 TOKEN_RANGE = (259, 518)
 
@@ -139,6 +171,26 @@ def group_pids(pgid: int) -> list[int]:
         if int(fields[2]) == pgid:  # field 5 (pgrp); fields[0] is field 3 (state)
             pids.append(int(entry))
     return pids
+
+
+def tree_pids(root: int) -> list[int]:
+    """``root`` and every live descendant of it (a frontend in a session of its own too)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))  # field 4 (ppid)
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
@@ -205,9 +257,11 @@ class Launch:
 def gateway_launch(name: str, worker_url: str, model_dir: Path, port: int) -> Launch:
     """How to start gateway ``name`` serving ``worker_url`` and where its mock must dial."""
     handshake = worker_addresses(worker_url).handshake
-    if name == "smg_trio":
+    if name in ("smg_trio", "smg_trio_n2"):
         cmd = [sys.executable, "-m", "smg_trio", "launch", "--worker-urls", worker_url]
         cmd += ["--backend", "vllm", "--model-path", str(model_dir), "--port", str(port)]
+        if name == "smg_trio_n2":
+            cmd += ["--api-server-count", "2"]
         return Launch([*cmd, "--log-level", "warning"], handshake)
     if name == "smg":
         cmd = smg_launch_command(
@@ -248,7 +302,7 @@ async def start_gateway(
     gw = Gateway(name, port, str(model_dir), proc, mock, log)
     t0 = time.perf_counter()
     await wait_ready(gw)
-    gw.pids = group_pids(proc.pid)
+    gw.pids = sorted(set(group_pids(proc.pid)) | set(tree_pids(proc.pid)))
     print(f"  {name} ready in {time.perf_counter() - t0:.1f} s (pids {gw.pids})", flush=True)
     return gw
 
@@ -302,7 +356,99 @@ def quantile(values: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-async def gateway_run(gw: Gateway, w: Workload, total: int) -> dict[str, Any]:
+def client_procs(w: Workload) -> int:
+    """Client processes for ``w``: :data:`CLIENT_PROCS`, at most one per connection."""
+    return max(1, min(CLIENT_PROCS, w.concurrency))
+
+
+def _split(n: int, parts: int) -> list[int]:
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+async def run_clients(
+    port: int,
+    raw: bytes,
+    *,
+    stream: bool,
+    concurrency: int,
+    total: int,
+    expect_tokens: int,
+    procs: int,
+    on_start: Callable[[], None] | None = None,
+    on_end: Callable[[], None] | None = None,
+) -> LoadResult:
+    """:func:`loadgen.run_load`'s workload driven by ``procs`` separate
+    ``bench/lean_client.py`` processes (the connections and requests split between them), so
+    that the client is never the bottleneck; ``loadgen_cpu_s`` is their CPU time, summed.
+    ``on_start`` runs once every connection is open, ``on_end`` once every process finished."""
+    procs = max(1, min(procs, concurrency))
+    with tempfile.NamedTemporaryFile(prefix="smg-req-", suffix=".bin", delete=False) as f:
+        f.write(raw)
+    result = LoadResult()
+    try:
+        children = []
+        for conns, reqs in zip(_split(concurrency, procs), _split(total, procs), strict=True):
+            cmd = [sys.executable, str(BENCH_DIR / "lean_client.py"), "--port", str(port)]
+            cmd += ["--connections", str(conns), "--requests", str(reqs)]
+            cmd += ["--request-file", f.name, "--max-tokens", str(expect_tokens)]
+            children.append(
+                await trio.lowlevel.open_process(
+                    [*cmd, *(["--stream"] if stream else [])],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                )
+            )
+        outs: list[bytes] = [b""] * len(children)
+        try:
+            for i, child in enumerate(children):  # each prints "ready" once connected
+                assert child.stdout is not None
+                while b"\n" not in outs[i]:
+                    data = await child.stdout.receive_some(65536)
+                    if not data:
+                        raise RuntimeError(f"load client exited ({await child.wait()})")
+                    outs[i] += data
+                outs[i] = outs[i].split(b"\n", 1)[1]
+            if on_start is not None:
+                on_start()
+            wall0 = time.perf_counter()
+            for child in children:
+                assert child.stdin is not None
+                await child.stdin.send_all(b"go\n")
+
+            async def collect(i: int) -> None:
+                child = children[i]
+                assert child.stdout is not None
+                while data := await child.stdout.receive_some(1 << 20):
+                    outs[i] += data
+                await child.wait()
+
+            async with trio.open_nursery() as nursery:
+                for i in range(len(children)):
+                    nursery.start_soon(collect, i)
+            result.wall_s = time.perf_counter() - wall0
+            if on_end is not None:
+                on_end()
+        finally:
+            for child in children:
+                with contextlib.suppress(OSError):
+                    child.kill()
+        for out in outs:
+            r = json.loads(out.strip().splitlines()[-1])
+            result.requests += r["requests"]
+            result.errors += r["errors"]
+            result.completion_tokens += r["completion_tokens"]
+            result.content_chunks += r["content_chunks"]
+            result.ttfts_s += r["ttfts_s"]
+            result.loadgen_cpu_s += r["cpu_s"]
+            result.first_error = result.first_error or r["first_error"]
+    finally:
+        os.unlink(f.name)
+    return result
+
+
+async def gateway_run(gw: Gateway, w: Workload, total: int, procs: int = 0) -> dict[str, Any]:
+    """One run of ``w`` against ``gw``: from ``procs`` client processes (0: the default
+    for the workload, :func:`client_procs`)."""
     raw = build_request(gw.port, chat_body(gw.model, PROMPT, w.max_tokens, stream=w.stream))
     marks: dict[str, float] = {}
 
@@ -312,17 +458,21 @@ async def gateway_run(gw: Gateway, w: Workload, total: int) -> dict[str, Any]:
     def end() -> None:
         marks["cpu1"] = gw.cpu()
 
-    res = await run_load(
+    procs = procs or client_procs(w)
+    res = await run_clients(
         gw.port,
         raw,
         stream=w.stream,
         concurrency=w.concurrency,
         total=total,
         expect_tokens=w.max_tokens,
+        procs=procs,
         on_start=start,
         on_end=end,
     )
-    return _record(res, marks["cpu1"] - marks["cpu0"], w)
+    rec = _record(res, marks["cpu1"] - marks["cpu0"], w)
+    rec["client_procs"] = min(procs, w.concurrency)
+    return rec
 
 
 def _record(res: LoadResult, gw_cpu_s: float, w: Workload) -> dict[str, Any]:
@@ -345,8 +495,50 @@ def _record(res: LoadResult, gw_cpu_s: float, w: Workload) -> dict[str, Any]:
         else None,
         "loadgen_cpu_us_per_token": res.loadgen_cpu_s / tokens * 1e6,
         "loadgen_cpu_us_per_request": res.loadgen_cpu_s / max(res.requests, 1) * 1e6,
+        "loadgen_cpu_s_total": res.loadgen_cpu_s,
         "ttfts_ms": [t * 1e3 for t in res.ttfts_s] if w.stream else [],
     }
+
+
+async def client_check(gw: Gateway, w: Workload, total: int) -> dict[str, Any]:
+    """Run ``w`` on ``gw`` with :func:`client_procs` client processes and with twice as
+    many, alternating (median of 3 each): the client is not the bottleneck when doubling it
+    raises the gateway's tokens/s by at most :data:`CLIENT_CHECK_MAX_GAIN`."""
+    k = client_procs(w)
+    tps: dict[int, list[float]] = {k: [], 2 * k: []}
+    cpu: dict[int, list[float]] = {k: [], 2 * k: []}
+    for rep in range(3):
+        for procs in (k, 2 * k) if rep % 2 == 0 else (2 * k, k):
+            rec = await gateway_run(gw, w, total, procs)
+            tps[procs].append(rec["tokens_per_s"])
+            cpu[procs].append(rec["loadgen_cpu_s_total"])
+    base, doubled = statistics.median(tps[k]), statistics.median(tps[2 * k])
+    gain = doubled / base - 1 if base else float("nan")
+    out = {
+        "gateway": gw.name,
+        "workload": w.name,
+        "procs": k,
+        "tokens_per_s": base,
+        "doubled_procs": 2 * k,
+        "doubled_tokens_per_s": doubled,
+        "gain": gain,
+        "max_gain": CLIENT_CHECK_MAX_GAIN,
+        "ok": gain <= CLIENT_CHECK_MAX_GAIN,
+        "client_cpu_s": statistics.median(cpu[k]),
+        "doubled_client_cpu_s": statistics.median(cpu[2 * k]),
+    }
+    print(f"  {client_check_line(out)}", flush=True)
+    return out
+
+
+def client_check_line(c: dict[str, Any]) -> str:
+    return (
+        f"client check ({c['gateway']}, {c['workload']}): {c['procs']} client processes "
+        f"{c['tokens_per_s']:.0f} tokens/s, {c['doubled_procs']} processes "
+        f"{c['doubled_tokens_per_s']:.0f} tokens/s: {c['gain'] * 100:+.1f}% "
+        f"({'OK' if c['ok'] else 'FAILED'}: at most {c['max_gain'] * 100:+.0f}% allowed; "
+        f"client CPU {c['client_cpu_s']:.2f} s vs {c['doubled_client_cpu_s']:.2f} s per run)"
+    )
 
 
 async def engine_baseline(client: Any, w: Workload, total: int, tag: str) -> dict[str, Any]:
@@ -396,6 +588,7 @@ def summarize(
     runs: dict[str, dict[str, list[dict[str, Any]]]], baseline: dict[str, list[dict[str, Any]]]
 ) -> dict[str, dict[str, dict[str, Any]]]:
     keys = (
+        "wall_s",
         "req_per_s",
         "tokens_per_s",
         "cpu_us_per_token",
@@ -487,6 +680,23 @@ async def rss_with_streams(gw: Gateway, streams: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- main
 
 
+def multi_frontend_supported() -> bool:
+    """Whether this smg_trio's ``launch`` takes ``--api-server-count`` (N frontends)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "smg_trio", "launch", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return "--api-server-count" in out
+
+
+def _has_uvloop() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("uvloop") is not None
+
+
 def machine_info() -> dict[str, Any]:
     cpu = platform.processor() or "unknown"
     with contextlib.suppress(OSError):
@@ -525,7 +735,8 @@ def print_table(result: dict[str, Any]) -> None:
     summary = result["summary"]
     names = list(summary)
     header = (
-        f"{'workload':<12} {'gateway':<9} {'req/s':>7} {'tok/s':>7} {'CPU µs/tok':>10} "
+        f"{'workload':<12} {'gateway':<11} {'wall s':>6} {'req/s':>7} {'tok/s':>7} "
+        f"{'CPU µs/tok':>10} "
         f"{'CPU µs/req':>10} {'tok/chunk':>9} {'+TTFT p50/p99 ms':>17} {'lg µs/tok':>9} "
         f"{'ratio':>6}"
     )
@@ -542,13 +753,17 @@ def print_table(result: dict[str, Any]) -> None:
             ratio = s[metric] / ref[metric] if ref and ref.get(metric) else float("nan")
             tpc = s.get("tokens_per_chunk")
             print(
-                f"{wname:<12} {gw:<9} {s['req_per_s']:>7.1f} {s['tokens_per_s']:>7.0f} "
+                f"{wname:<12} {gw:<11} {s['wall_s']:>6.2f} {s['req_per_s']:>7.1f} "
+                f"{s['tokens_per_s']:>7.0f} "
                 f"{s['cpu_us_per_token'] if w['stream'] else float('nan'):>10.1f} "
                 f"{s['cpu_us_per_request']:>10.0f} "
                 f"{tpc if tpc is not None else float('nan'):>9.2f} {_ttft_cell(s):>17} "
                 f"{s['loadgen_cpu_us_per_token'] if w['stream'] else float('nan'):>9.1f} "
                 f"{ratio:>5.2f}x"
             )
+    check = result.get("client_check")
+    if check:
+        print(client_check_line(check))
     for gw, m in result.get("memory", {}).items():
         print(
             f"memory {gw:<9} {m['streams']} streams: RSS {m['rss_idle_mib']:.1f} -> "
@@ -558,7 +773,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 async def _phase(
     args: argparse.Namespace,
-    names: Sequence[str],
+    names: list[str],
     model_dir: Path,
     step_ms: float,
     workloads: Sequence[Workload],
@@ -566,22 +781,32 @@ async def _phase(
     runs: dict[str, dict[str, list[dict[str, Any]]]],
     baseline: dict[str, list[dict[str, Any]]],
     idle: dict[str, float] | None = None,
+    check_out: dict[str, Any] | None = None,
 ) -> None:
     """Start every gateway (and a baseline mock when a workload needs TTFT) with a mock that
     steps every ``step_ms``; run ``workloads`` ``reps`` times, alternating the gateways."""
     with contextlib.ExitStack() as stack:
         gateways: dict[str, Gateway] = {}
-        for name in names:
-            gw = gateways[name] = await start_gateway(name, model_dir, step_ms, stack)
+        for name in list(names):
+            try:
+                gw = gateways[name] = await start_gateway(name, model_dir, step_ms, stack)
+            except RuntimeError as exc:
+                if name != "smg_trio_n2":
+                    raise
+                print(f"  smg_trio_n2 skipped: it did not start: {str(exc)[-300:]}", flush=True)
+                names.remove(name)
+                runs.pop(name, None)
+                continue
             for s in (True, False):  # warm-up
                 raw = build_request(gw.port, chat_body(gw.model, PROMPT, 16, stream=s))
                 await run_load(gw.port, raw, stream=s, concurrency=8, total=64, expect_tokens=16)
         if idle is not None:
             # every gateway idle at once, after the warm-up: CPU per second of wall time
             cpu0 = {n: g.cpu() for n, g in gateways.items()}
-            await trio.sleep(IDLE_WINDOW_S)
+            window = IDLE_WINDOW_S / 3 if args.quick else IDLE_WINDOW_S
+            await trio.sleep(window)
             for n, g in gateways.items():
-                idle[n] = (g.cpu() - cpu0[n]) / IDLE_WINDOW_S * 1e3
+                idle[n] = (g.cpu() - cpu0[n]) / window * 1e3
             print(f"  idle CPU ms/s: { {n: round(v, 1) for n, v in idle.items()} }", flush=True)
         client_cm: contextlib.AbstractAsyncContextManager[Any] | None = None
         if any(w.ttft for w in workloads):
@@ -607,24 +832,40 @@ async def _phase(
                         rec = await gateway_run(gateways[name], w, total)
                         runs[name].setdefault(w.name, []).append(rec)
                         print(
-                            f"  rep {rep + 1} {w.name:<12} {name:<9} "
+                            f"  rep {rep + 1} {w.name:<12} {name:<11} "
                             f"{rec['req_per_s']:7.1f} req/s {rec['cpu_us_per_token']:7.1f} µs/tok "
                             f"{rec['cpu_us_per_request']:7.0f} µs/req errors {rec['errors']}",
                             flush=True,
                         )
                         if rec["errors"]:
                             print(f"    first error: {rec['first_error']}", flush=True)
+            check = next((w for w in workloads if w.name == CHECK_WORKLOAD), None)
+            if check_out is not None and check is not None:
+                ref = "smg" if "smg" in gateways else names[0]
+                check_out.update(
+                    await client_check(
+                        gateways[ref], check, check.quick_total if args.quick else check.total
+                    )
+                )
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = default_tiny_model_dir()
+    global CLIENT_PROCS
+    CLIENT_PROCS = args.client_procs
     names = ["smg_trio"]
+    if multi_frontend_supported():
+        names.append("smg_trio_n2")
+    else:
+        print("smg_trio_n2 skipped: `launch` has no --api-server-count", file=sys.stderr)
     reason = smg_missing_reason()
     if reason is None:
         names.append("smg")
     else:
         print(f"smg skipped: {reason}", file=sys.stderr)
-    if args.vllm:
+    if args.vllm and args.quick and not args.with_vllm:
+        print("vLLM API server skipped in --quick (its start-up takes minutes; --with-vllm)")
+    elif args.vllm:
         reason = vllm_missing_reason()
         if reason is None:
             names.append("vllm")
@@ -642,18 +883,33 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {n: {} for n in names}
     baseline: dict[str, list[dict[str, Any]]] = {}
     idle: dict[str, float] = {}
+    check: dict[str, Any] = {}
     for i, step_ms in enumerate(sorted({w.step_ms for w in workloads})):
         phase = [w for w in workloads if w.step_ms == step_ms]
         print(f"phase: mock step {step_ms:g} ms: {', '.join(w.name for w in phase)}", flush=True)
         await _phase(
-            args, names, model_dir, step_ms, phase, reps, runs, baseline, idle if i == 0 else None
+            args,
+            names,
+            model_dir,
+            step_ms,
+            phase,
+            reps,
+            runs,
+            baseline,
+            idle if i == 0 else None,
+            check if i == 0 else None,
         )
     memory: dict[str, Any] = {}
     if args.rss_streams > 0:
         print(f"phase: memory, mock step {args.rss_step_ms:g} ms", flush=True)
         for name in names:
             with contextlib.ExitStack() as stack:
-                gw = await start_gateway(name, model_dir, args.rss_step_ms, stack)
+                try:
+                    gw = await start_gateway(name, model_dir, args.rss_step_ms, stack)
+                except RuntimeError:
+                    if name != "smg_trio_n2":
+                        raise
+                    continue
                 memory[name] = await rss_with_streams(gw, args.rss_streams)
                 print(f"  memory {name}: {memory[name]}", flush=True)
     summary = summarize(runs, baseline)
@@ -664,6 +920,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "argv": args.argv,
             "reps": reps,
             "rss_step_ms": args.rss_step_ms,
+            "client_procs": CLIENT_PROCS,
+            "client": "bench/lean_client.py (asyncio" + (", uvloop)" if _has_uvloop() else ")"),
             "prompt": PROMPT,
             "token_range": list(TOKEN_RANGE),
             "smg_binary": str(peer_paths().smg_executable),
@@ -685,6 +943,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         },
         "memory": memory,
         "idle_cpu_ms_per_s": idle,
+        "client_check": check,
         "runs": {
             gw: {
                 w: [{k: v for k, v in r.items() if k != "ttfts_ms"} for r in rs]
@@ -701,13 +960,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer requests, one repetition")
     p.add_argument("--reps", type=int, default=None, help="repetitions (default 3, quick 1)")
     p.add_argument("--only", nargs="*", default=[], help="run only these workloads")
-    p.add_argument("--rss-streams", type=int, default=1000, help="0 skips the memory phase")
+    p.add_argument(
+        "--rss-streams",
+        type=int,
+        default=None,
+        help="streams of the memory phase (default 1000, quick 200; 0 skips it)",
+    )
     p.add_argument("--rss-step-ms", type=float, default=1000.0)
     p.add_argument(
         "--no-vllm",
         dest="vllm",
         action="store_false",
         help="skip vLLM's own API server (run when .peers/vllm is installed)",
+    )
+    p.add_argument("--with-vllm", action="store_true", help="run vLLM's API server in --quick too")
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=CLIENT_PROCS,
+        help=f"load-client processes per workload (default {CLIENT_PROCS}; the client check "
+        "doubles them)",
     )
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     return p
@@ -751,6 +1023,8 @@ def run_bench(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; every process it started is stopped on the way out (also on Ctrl-C
     or SIGTERM)."""
     args = parser().parse_args(argv)
+    if args.rss_streams is None:
+        args.rss_streams = 200 if args.quick else 1000
     args.argv = _shown_argv(list(sys.argv[1:] if argv is None else argv))
     result = trio.run(_bench_until_sigterm, args)
     if result is None:

@@ -7,7 +7,7 @@ p50/p99 at concurrency 1, 32 and 256, RSS with 1000 concurrent streams. Writes
 section of ``docs/performance.md``. Prints a table. Not a timed test.
 
     python bench/run.py            # full run, ~6 min on 2 cores
-    python bench/run.py --quick    # ~1-2 min, one repetition, fewer requests
+    python bench/run.py --quick    # ~3 min smoke check: one repetition, fewer requests, no vLLM
     python bench/run.py --render   # only redraw the chart and the docs from the JSON
 
 Any other option is passed to ``bench/gateway.py`` (see ``python bench/gateway.py --help``).

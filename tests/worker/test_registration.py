@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,46 @@ async def test_transient_tokenizer_error_is_retried(
         await wait_done(job)
         assert job.status == "succeeded", job.error
         assert job.to_json()["attempts"]["load_tokenizer"] == 2
+
+
+async def test_tokenizer_load_keeps_the_event_loop_running(
+    ns: IpcNamespace, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow tokenizer load (``POST /workers``) runs in a worker thread: while it is in
+    progress, other tasks (every running stream) keep being scheduled. Were it on the loop,
+    the load would hold the loop until its own release, which then never comes."""
+    real = manager_module._load_model
+    loading, release = threading.Event(), threading.Event()
+    stalled: list[str] = []
+
+    def slow(*args: Any) -> Any:
+        loading.set()
+        if not release.wait(DEADLINE_S):  # never released: the loop is stuck behind this
+            stalled.append("the event loop did not run while the tokenizer loaded")
+            raise ValueError(stalled[0])
+        return real(*args)
+
+    monkeypatch.setattr(manager_module, "_load_model", slow)
+    async with open_manager(registration_timing=timing()) as (manager, nursery):
+        spec = make_spec(ns, "a", model_dir)
+        await start_engine(nursery, spec)
+        job = manager.add_worker(spec)
+        ticked = trio.Event()
+
+        async def ticker() -> None:  # stands for a stream's writer: it needs the loop
+            for _ in range(20):
+                await trio.lowlevel.checkpoint()
+            ticked.set()
+
+        with trio.fail_after(DEADLINE_S):
+            await trio.to_thread.run_sync(loading.wait)
+            nursery.start_soon(ticker)
+            await ticked.wait()
+        assert not job.done.is_set(), "the load finished before the loop ran"
+        release.set()
+        await wait_done(job)
+        assert stalled == []
+        assert job.status == "succeeded", job.error
 
 
 # -- the DP branch ----------------------------------------------------------------------------

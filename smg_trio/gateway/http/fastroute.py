@@ -18,11 +18,13 @@ from typing import Any
 
 import trio
 from quart import Response
+from quart.wrappers.response import DataBody
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 from smg_trio.gateway.http.call import json_response
 from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.gateway.server.asgi_shield import Receive, Scope, Send
+from smg_trio.gateway.server.direct import SERVER_SEND_KEY, DirectSocket
 
 __all__ = ["AsgiRequest", "InferenceRoutes"]
 
@@ -175,5 +177,22 @@ class InferenceRoutes:
             except Exception as exc:
                 err = to_api_error(exc)
                 response = json_response(err.status, err.body(), headers=err.headers)
-            await self._send_response(scope, send, response)
+            body = response.response
+            if type(body) is DataBody:
+                await _send_whole(scope, send, response, body.data)
+            else:
+                await self._send_response(scope, send, response)
             nursery.cancel_scope.cancel()
+
+
+async def _send_whole(scope: Scope, send: Send, response: Response, data: bytes) -> None:
+    """Send a response whose body is all in memory: in one socket write where the connection
+    is plain HTTP/1.1 under hypercorn (:meth:`DirectSocket.send_whole`), else as two ASGI
+    messages (the head, then the whole body as the final message), where Quart's sender
+    builds a connection object and sends three. The same bytes on the wire either way."""
+    headers = [(key.lower().encode(), value.encode()) for key, value in response.headers.items()]
+    direct = DirectSocket.of((scope.get("extensions") or {}).get(SERVER_SEND_KEY))
+    if direct is not None and await direct.send_whole(response.status_code, headers, data):
+        return
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": data, "more_body": False})

@@ -9,6 +9,11 @@ headers are out, nobody else is writing, and the socket has room. Whatever canno
 once goes back to the request's task and the ordinary (blocking, backpressured) ASGI path, so a
 slow client still never stalls the output loop.
 
+A non-streamed answer goes the same way in one piece (:meth:`DirectSocket.send_whole`): head
+and body through the connection's own h11 state machine and one locked socket write, then the
+stream closes as hypercorn closes it; hypercorn's ASGI path sends three writes through its
+whole send stack for the same bytes.
+
 This reaches into hypercorn's connection objects and h11's body writer (verified against
 hypercorn 0.18 and h11 0.16; :data:`FIX` names what it relies on, checked when smg_trio's
 server starts). Each assumption is checked when a response is attached; when any fails (TLS,
@@ -22,14 +27,19 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import time
+from collections.abc import Sequence
+from itertools import chain
 from typing import Final
 
 import h11
 import trio
 from hypercorn.events import RawData
+from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.protocol.http_stream import HTTPStream
+from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.utils import build_and_validate_headers
 
 from smg_trio.gateway.server.fixes import Fix, missing_attrs, unset_attrs
 
@@ -115,6 +125,50 @@ class DirectSocket:
             return None
         return frame[sent:]
 
+    async def send_whole(
+        self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
+    ) -> bool:
+        """Send a whole response (head and ``Content-Length`` body) in one socket write, in
+        place of the ASGI ``http.response.start`` and final ``http.response.body`` messages.
+
+        The same h11 events as hypercorn's ASGI path go through the same h11 connection
+        (``Response`` with hypercorn's own response headers, ``Data``, ``EndOfMessage``), and
+        the stream then closes as hypercorn closes it (access log, ``StreamClosed``, which
+        recycles the connection for the next request), so keep-alive, pipelining and
+        ``Connection: close`` behave the same; only the three locked writes become one.
+        Returns ``False``, having sent nothing, when the response has already started or
+        the connection is not in a state to take it: then the caller sends it through ASGI.
+        The write is shielded, like the final body message of the ASGI path.
+        """
+        stream, proto = self._stream, self._proto
+        conn = proto.connection
+        if (
+            stream.closed
+            or stream.state is not ASGIHTTPState.REQUEST
+            or conn.our_state is not h11.SEND_RESPONSE
+            or conn.their_state is h11.ERROR
+            or not 200 <= status < 600
+            or status in (204, 304)
+        ):
+            return False
+        validated = build_and_validate_headers(headers)
+        config = proto.config
+        head = list(chain(validated, config.response_headers("h11")))
+        if proto.keep_alive_requests >= config.keep_alive_max_requests:
+            head.append((b"connection", b"close"))
+        stream.response = {"type": "http.response.start", "status": status, "headers": headers}
+        stream.state = ASGIHTTPState.RESPONSE
+        data = conn.send(h11.Response(status_code=status, headers=head))
+        if body:
+            data += conn.send(h11.Data(data=body))
+        data += conn.send(h11.EndOfMessage())
+        with trio.CancelScope(shield=True):
+            await self._tcp.protocol_send(RawData(data=data))
+            stream.state = ASGIHTTPState.CLOSED
+            await config.log.access(stream.scope, stream.response, time.time() - stream.start_time)
+            await stream.send(StreamClosed(stream_id=stream.stream_id))
+        return True
+
     async def send_raw(self, data: bytes) -> None:
         """Send already-framed bytes (a partial chunk's tail) through hypercorn's own locked,
         shielded socket write, which waits for room and handles a broken connection."""
@@ -124,8 +178,8 @@ class DirectSocket:
 def _probe() -> list[str]:
     return [
         *missing_attrs(h11.Connection(h11.SERVER), ("_writer",)),
-        *unset_attrs(HTTPStream, ("send", "closed")),
-        *unset_attrs(H11Protocol, ("send", "connection")),
+        *unset_attrs(HTTPStream, ("send", "closed", "state", "config", "stream_id")),
+        *unset_attrs(H11Protocol, ("send", "connection", "config", "keep_alive_requests")),
         *unset_attrs(TCPServer, ("send_lock", "stream")),
     ]
 
@@ -139,6 +193,11 @@ FIX: Final = Fix(
         "hypercorn.protocol.h11:H11Protocol.stream_send",
         "hypercorn.trio.tcp_server:TCPServer.protocol_send",
         "hypercorn.events:RawData",
+        "hypercorn.protocol.events:StreamClosed",
+        "hypercorn.protocol.http_stream:ASGIHTTPState.REQUEST",
+        "hypercorn.protocol.http_stream:HTTPStream._send_closed",
+        "hypercorn.utils:build_and_validate_headers",
+        "hypercorn.config:Config.response_headers",
     ),
     probe=_probe,
 )
