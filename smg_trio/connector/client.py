@@ -108,6 +108,9 @@ class EngineClient:
         #: Slots whose connection closed -> when; insertion order is disconnect order.
         self._suspects: dict[int, float] = {}
         self._lost: set[int] = set()  # slots declared dead (the others keep serving)
+        #: Connections accepted while a rank was suspect (fd -> that slot), in accept order,
+        #: until their ZMTP handshake is done.
+        self._reconnecting: dict[int, int] = {}
         self._recv_scope: trio.CancelScope | None = None
         self._watchdog_scope = trio.CancelScope()  # cancelled by _die: a dead client is not timed
         #: When the silence window last restarted: the last engine output, or the submit that
@@ -346,7 +349,7 @@ class EngineClient:
         """The input socket monitor's one reader: an engine's input connection that closes
         makes its rank suspect; one that is accepted while a rank is suspect is that rank
         coming back (the oldest suspect first: a new connection carries no identity the
-        monitor reports); a rank still suspect after the grace is dead (:meth:`_rank_lost`).
+        monitor reports), routable again once its ZMTP handshake is done; a rank still suspect after the grace is dead (:meth:`_rank_lost`).
 
         This is what sees an engine die whatever started it (``launch``, ``serve``, the
         admin API): the kernel closes a killed process's sockets, and libzmq reports it here
@@ -379,13 +382,31 @@ class EngineClient:
 
     def _on_connection_event(self, event: ConnectionEvent) -> None:
         fd = event.fd
-        log.debug("input monitor: %s fd %d", "accepted" if event.accepted else "closed", fd)
-        if not event.accepted:
+        log.debug("input monitor: %s fd %d", event.kind, fd)
+        if event.kind == "closed":
+            self._reconnecting.pop(fd, None)
             slot = self._slot_of_fd.pop(fd, None)
             if slot is not None:
                 self._suspect(slot)
-        elif fd not in self._slot_of_fd and self._suspects:
-            slot = next(iter(self._suspects))
+        elif event.kind == "accepted":
+            # A suspect rank dialing back in (the oldest suspect not already claimed by an
+            # earlier connection): it stays suspect until that connection's ZMTP handshake is
+            # done, since the ROUTER cannot route to it before.
+            claimed = set(self._reconnecting.values())
+            slot = next((s for s in self._suspects if s not in claimed), None)
+            if fd not in self._slot_of_fd and slot is not None:
+                self._reconnecting[fd] = slot
+        elif self._reconnecting:  # a handshake done: the oldest accepted connection's
+            fd = next(iter(self._reconnecting))
+            slot = self._reconnecting.pop(fd)
+            if slot not in self._suspects:
+                return
+            # The new pipe and routing id are queued for the ROUTER; apply them now, or the
+            # next send could go into the closed connection's pipe and be lost.
+            try:
+                self._sockets.input.process_commands()
+            except trio.ClosedResourceError:
+                return
             del self._suspects[slot]
             self._slot_of_fd[fd] = slot
             self._router.down[slot] = False

@@ -238,6 +238,17 @@ class ZmqSocket:
         if not await self._wait(_POLLIN, must_sleep=False):
             await trio.lowlevel.checkpoint()
 
+    def process_commands(self) -> None:
+        """Let libzmq apply the socket's pending commands now (attach a new peer's pipe and
+        its routing id, retire a closed one); not a checkpoint, moves no message.
+
+        libzmq applies them only when the owning thread calls into the socket, and a send
+        applies them at most once per millisecond or so (it throttles), so a send right after
+        a reconnect can still see the old pipe. Reading ``EVENTS`` applies them unthrottled.
+        """
+        self._check_open()
+        self._sock.get(zmq.EVENTS)
+
     def close(self, *, linger_ms: int = 0) -> None:
         """Close the socket; idempotent. A task blocked in an operation on it gets
         :class:`trio.ClosedResourceError`.

@@ -156,6 +156,34 @@ async def test_a_reconnect_within_the_grace_fails_nothing(addresses: WorkerAddre
             assert outputs[-1].finish_reason == "length"
             assert client.alive
             assert not client._router.down[0]  # routable again
+            # And it takes new requests over its new connection.
+            async with client.generate(request("after", max_tokens=1)) as stream:
+                await engine.recv_kind(b"\x00")
+                await engine.push_vllm(vllm_output("after", [8], 1))
+                assert [o.new_token_ids for o in await _drain(stream)] == [[8]]
+
+
+@pytest.mark.usefixtures("long_grace")
+async def test_a_request_right_after_a_reconnect_is_delivered(addresses: WorkerAddresses) -> None:
+    # The rank turns routable only once the ROUTER can route to it: marked up at the new
+    # connection's accept, a request sent at once failed with "not connected" (the new pipe
+    # not attached yet) or went into the closed connection's pipe and was lost.
+    engine = RawEngine(addresses.handshake)
+    with trio.fail_after(IO_DEADLINE_S):
+        async with raw_serving(addresses, engine, silence_timeout_s=NO_WATCHDOG_S) as client:
+            inp = engine.sockets.input.raw
+            address = engine.sockets.init.addresses.inputs[0]
+            for i in range(20):
+                inp.disconnect(address)
+                await wait_until(_down_after_disconnect(client, inp))
+                inp.connect(address)
+                await wait_until(_up_after_reconnect(client, inp))
+                rid = f"after-blip-{i}"
+                async with client.generate(request(rid, max_tokens=1)) as stream:
+                    assert (await engine.recv_kind(b"\x00"))[0] == rid
+                    await engine.push_vllm(vllm_output(rid, [8], 1))
+                    assert [o.new_token_ids for o in await _drain(stream)] == [[8]]
+            assert client.alive
 
 
 @pytest.mark.usefixtures("short_grace")
