@@ -19,12 +19,18 @@ from smg_trio.errors import (
     DecodeError,
     DuplicateRequestId,
     EngineDeadError,
+    HandshakeError,
     TransportError,
 )
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.handshake import EngineCoreReadyResponse
 from smg_trio.protocol.types import EngineBatch, EngineLoad, EngineProtocol, GenerateRequest
-from smg_trio.transport.handshake import READY_TIMEOUT_S, EngineRegistration, run_handshake
+from smg_trio.transport.handshake import (
+    READY_TIMEOUT_S,
+    EngineRegistration,
+    readmit_engine,
+    run_handshake,
+)
 from smg_trio.transport.monitor import ConnectionEvent
 from smg_trio.transport.topology import BoundSockets, HandshakeSocket, bind_worker_sockets
 
@@ -84,8 +90,10 @@ class EngineClient:
         *,
         silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
         disconnect_grace_s: float | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S,
     ) -> None:
         self.protocol = protocol
+        self._ready_timeout_s = ready_timeout_s
         self.engines = list(engines)
         self._sockets = sockets
         self._identities = [e.identity for e in self.engines]
@@ -113,6 +121,9 @@ class EngineClient:
         self._reconnecting: dict[int, int] = {}
         self._recv_scope: trio.CancelScope | None = None
         self._watchdog_scope = trio.CancelScope()  # cancelled by _die: a dead client is not timed
+        #: The re-admission of lost ranks (reads the handshake ROUTER); cancelled by _die, so
+        #: that a restarted engine's HELLO is left for the next client's handshake.
+        self._readmit_scope: trio.CancelScope | None = None
         #: When the silence window last restarted: the last engine output, or the submit that
         #: made an idle client busy (idle silence is never timed).
         self._last_output = trio.current_time()
@@ -342,6 +353,8 @@ class EngineClient:
         if self._recv_scope is not None:
             self._recv_scope.cancel()
         self._watchdog_scope.cancel()
+        if self._readmit_scope is not None:
+            self._readmit_scope.cancel()
 
     # -- connection watch (engine death from the socket itself) ----------------------------
 
@@ -448,6 +461,48 @@ class EngineClient:
                 del registry[rid]
                 self._router.release(slot, rid)
                 entry.close(error)
+        if self._readmit_scope is None and self._nursery is not None:
+            self._readmit_scope = trio.CancelScope()
+            self._nursery.start_soon(self._readmit_lost, self._readmit_scope)
+
+    # -- re-admission (a restarted rank while the others keep serving) ---------------------
+
+    async def _readmit_lost(self, scope: trio.CancelScope) -> None:
+        """While ranks are lost and the others serve, take a restarted engine of a lost rank
+        back: the handshake as at startup (HELLO, INIT with this client's addresses, READY,
+        the registration on the input socket), answering only the lost ranks' identities.
+        A re-admitted rank is routable again at once."""
+        with scope:
+            while self._lost and self.alive:
+                lost = {self._identities[slot] for slot in self._lost}
+                try:
+                    engine = await readmit_engine(
+                        self._sockets, lost.__contains__, ready_timeout_s=self._ready_timeout_s
+                    )
+                except (HandshakeError, TransportError) as exc:
+                    log.warning("re-admission of a restarted engine failed: %s", exc)
+                    await trio.sleep(1.0)
+                    continue
+                self._readmitted(engine)
+        self._readmit_scope = None
+
+    def _readmitted(self, engine: EngineRegistration) -> None:
+        slot = self._identities.index(engine.identity)
+        self.engines[slot] = engine
+        self._lost.discard(slot)
+        self._suspects.pop(slot, None)
+        for fd, s in list(self._slot_of_fd.items()):
+            if s == slot:
+                del self._slot_of_fd[fd]
+        if engine.connection_fd is not None:
+            self._slot_of_fd[engine.connection_fd] = slot
+        self._router.loads[slot] = None
+        self._router.down[slot] = False
+        log.info(
+            "engine %d restarted and re-admitted; %d rank(s) serving",
+            self._router.indices[slot],
+            len(self.engines) - len(self._lost),
+        )
 
     def _dispatch(self, batch: EngineBatch) -> None:
         router = self._router
@@ -628,6 +683,7 @@ async def open_engine_client(
             engines,
             silence_timeout_s=silence_timeout_s,
             disconnect_grace_s=disconnect_grace_s,
+            ready_timeout_s=ready_timeout_s,
         )
         async with trio.open_nursery() as nursery:
             client._nursery = nursery

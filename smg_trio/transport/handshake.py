@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Final
 
 import attrs
@@ -25,7 +26,13 @@ from smg_trio.protocol.handshake import (
 from smg_trio.transport.topology import BoundSockets
 from smg_trio.transport.zsocket import ZmqSocketError
 
-__all__ = ["READY_TIMEOUT_S", "EngineRegistration", "engine_index", "run_handshake"]
+__all__ = [
+    "READY_TIMEOUT_S",
+    "EngineRegistration",
+    "engine_index",
+    "readmit_engine",
+    "run_handshake",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +49,10 @@ INIT_RESEND_S: Final = 1.0
 MAX_UNEXPECTED_PEERS: Final = 32
 #: Dropped handshake messages logged per handshake; the rest are only counted.
 IGNORED_LOG_LIMIT: Final = 10
+#: While a running client re-admits a rank, its input ROUTER (which other tasks send on) is
+#: polled this often for the registration: a parked reader could miss its wake-up, because a
+#: send from another task consumes the socket's edge-style fd signal.
+READMIT_POLL_S: Final = 0.02
 
 
 def engine_index(identity: bytes) -> int | None:
@@ -120,6 +131,8 @@ class _Driver:
     timeout_s: float = READY_TIMEOUT_S
     finished: trio.Event = attrs.field(factory=trio.Event)
     fatal: HandshakeError | None = None
+    #: Re-admission: only these identities are answered, and the input ROUTER is polled.
+    wanted: Callable[[bytes], bool] | None = None
 
     def _advance(self) -> None:
         if self.deadline is not None:
@@ -177,6 +190,9 @@ class _Driver:
             self.ignored(f"unexpected handshake status {shown} from {_name(identity)}")
 
     def _on_hello(self, identity: bytes, peer: _Peer | None) -> None:
+        if self.wanted is not None and not self.wanted(identity):
+            self.ignored(f"HELLO from {_name(identity)}, which is not a rank to re-admit")
+            return
         if peer is not None and peer.done:
             self.ignored(f"HELLO from {_name(identity)}, which already completed its handshake")
             return
@@ -225,7 +241,14 @@ class _Driver:
     async def input_loop(self) -> None:
         sock = self.sockets.input
         while True:
-            frames, fd = await sock.recv_multipart_with_source()
+            if self.wanted is None:
+                frames, fd = await sock.recv_multipart_with_source()
+            else:
+                got = sock.recv_multipart_with_source_nowait()
+                if got is None:
+                    await trio.sleep(READMIT_POLL_S)
+                    continue
+                frames, fd = got
             try:
                 self._on_registration(frames, fd)
             except HandshakeError as exc:
@@ -306,6 +329,7 @@ async def run_handshake(
     *,
     engine_count: int,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    wanted: Callable[[bytes], bool] | None = None,
 ) -> list[EngineRegistration]:
     """Run the startup handshake with ``engine_count`` engines (wire spec §1.3).
 
@@ -340,7 +364,10 @@ async def run_handshake(
     if engine_count < 1:
         raise ValueError(f"expected engine_count >= 1, got {engine_count}")
     driver = _Driver(
-        sockets, engine_count, encode_init(sockets.input_address, sockets.output_address)
+        sockets,
+        engine_count,
+        encode_init(sockets.input_address, sockets.output_address),
+        wanted=wanted,
     )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(driver.handshake_loop)
@@ -363,3 +390,24 @@ async def run_handshake(
         for i, p in done
         if p.registration is not None
     ]
+
+
+async def readmit_engine(
+    sockets: BoundSockets,
+    wanted: Callable[[bytes], bool],
+    *,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> EngineRegistration:
+    """Handshake one restarted engine into a client that keeps serving its other ranks: the
+    same HELLO, INIT, READY and input registration as :func:`run_handshake`, answering only
+    the identities ``wanted`` accepts (the client's lost ranks). The input ROUTER is polled
+    (``READMIT_POLL_S``), since other tasks send on it meanwhile. Raises like
+    :func:`run_handshake`; waits for good while no wanted engine says HELLO."""
+    while True:
+        try:
+            (registration,) = await run_handshake(
+                sockets, engine_count=1, ready_timeout_s=ready_timeout_s, wanted=wanted
+            )
+        except HandshakeTimeout:
+            continue  # nobody to re-admit yet (or one that stalled): keep listening
+        return registration

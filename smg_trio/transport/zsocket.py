@@ -213,6 +213,19 @@ class ZmqSocket:
         fd = parts[-1].get(zmq.SRCFD) if parts else -1
         return [p.bytes for p in parts], (fd if fd >= 0 else None)
 
+    def recv_multipart_with_source_nowait(self) -> tuple[list[bytes], int | None] | None:
+        """Like :meth:`recv_multipart_with_source`, without waiting (``None`` when no message
+        is waiting); not a checkpoint."""
+        self._check_open()
+        try:
+            parts = self._sock.recv_multipart(flags=zmq.DONTWAIT, copy=False)
+        except zmq.Again:
+            return None
+        except zmq.ZMQError as exc:
+            raise _wrapped(exc) from exc
+        fd = parts[-1].get(zmq.SRCFD) if parts else -1
+        return [p.bytes for p in parts], (fd if fd >= 0 else None)
+
     def recv_multipart_nowait(self) -> list[bytes] | None:
         """One multipart message if one is waiting, else ``None``; not a checkpoint.
 
