@@ -31,7 +31,8 @@ from smg_trio.transport.handshake import (
     readmit_engine,
     run_handshake,
 )
-from smg_trio.transport.monitor import ConnectionEvent
+from smg_trio.transport.monitor import ConnectionEvent, ConnectionMonitor
+from smg_trio.transport.tcp import TcpOptions, peer_host, shut_down_connection
 from smg_trio.transport.topology import BoundSockets, HandshakeSocket, bind_worker_sockets
 
 __all__ = [
@@ -402,6 +403,8 @@ class EngineClient:
             if slot is not None:
                 self._suspect(slot)
         elif event.kind == "accepted":
+            if self._refuse_stranger(fd, "input"):
+                return
             # A suspect rank dialing back in (the oldest suspect not already claimed by an
             # earlier connection): it stays suspect until that connection's ZMTP handshake is
             # done, since the ROUTER cannot route to it before.
@@ -427,6 +430,35 @@ class EngineClient:
                 "engine %d reconnected to the input socket; its requests carry on",
                 self._router.indices[slot],
             )
+
+    def _refuse_stranger(self, fd: int, which: str) -> bool:
+        """A tcp worker's connection from a peer not on its allow-list is shut down (the
+        handshake already refuses such a peer; this ends its connections to the data plane)."""
+        tcp = self._sockets.tcp
+        if tcp is None:
+            return False
+        host = peer_host(fd)
+        if host is None or tcp.peer_allowed(host):
+            return False
+        log.warning(
+            "refused a connection to the %s socket from %s: the host is not loopback or in "
+            "--allowed-engine-hosts",
+            which,
+            host,
+        )
+        shut_down_connection(fd)
+        return True
+
+    async def _guard_output_peers(self, monitor: ConnectionMonitor) -> None:
+        """A tcp worker's output PULL: shut down connections from peers not on the allow-list
+        (the monitor's one reader)."""
+        try:
+            while True:
+                event = await monitor.receive()
+                if event is not None and event.accepted:
+                    self._refuse_stranger(event.fd, "output")
+        except (TransportError, trio.ClosedResourceError):
+            return
 
     def _suspect(self, slot: int) -> None:
         """``slot``'s input connection closed: no new requests go to it; its in-flight ones
@@ -662,6 +694,7 @@ async def open_engine_client(
     silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
     handshake: HandshakeSocket | None = None,
     disconnect_grace_s: float | None = None,
+    tcp: TcpOptions | None = None,
 ) -> AsyncIterator[EngineClient]:
     """Bind, handshake with ``engine_count`` engines, and yield a running :class:`EngineClient`.
 
@@ -671,9 +704,10 @@ async def open_engine_client(
     disables it). ``disconnect_grace_s`` is how long a rank whose input connection closed may
     take to reconnect before it is dead (``ENGINE_DISCONNECT_GRACE_S`` by default). ``handshake`` is a handshake ROUTER the caller keeps bound across engine
     lives (see :class:`~smg_trio.transport.topology.HandshakeSocket`); without it one is bound
-    here and closed on exit.
+    here and closed on exit. ``tcp`` sets up a ``tcp://`` worker (advertised host, heartbeats,
+    engine peer allow-list; see :class:`~smg_trio.transport.tcp.TcpOptions`).
     """
-    async with bind_worker_sockets(addresses, handshake=handshake) as sockets:
+    async with bind_worker_sockets(addresses, handshake=handshake, tcp=tcp) as sockets:
         engines = await run_handshake(
             sockets, engine_count=engine_count, ready_timeout_s=ready_timeout_s
         )
@@ -690,6 +724,8 @@ async def open_engine_client(
             nursery.start_soon(client._output_loop)
             nursery.start_soon(client._silence_watchdog)
             nursery.start_soon(client._watch_connections)
+            if sockets.output_monitor is not None:
+                nursery.start_soon(client._guard_output_peers, sockets.output_monitor)
             try:
                 yield client
             finally:

@@ -12,6 +12,7 @@ __all__ = [
     "WorkerAddresses",
     "derive_handshake_port",
     "ipc_path",
+    "tcp_host_port",
     "worker_addresses",
 ]
 
@@ -41,15 +42,36 @@ def ipc_path(url: str) -> str:
     return url[len("ipc://") :]
 
 
+def tcp_host_port(url: str) -> tuple[str, int]:
+    """Host and port of a ``tcp://HOST:PORT`` worker URL (an IPv6 host in brackets). Raises
+    ``WorkerAddressError``."""
+    host, sep, port = url.removeprefix("tcp://").rpartition(":")
+    if (
+        not url.startswith("tcp://")
+        or not sep
+        or not host
+        or not (port.isascii() and port.isdigit() and 0 < int(port) < 65536)
+        or host == "*"
+    ):
+        raise WorkerAddressError(f"a tcp worker URL must be tcp://HOST:PORT, got {url!r}")
+    return host, int(port)
+
+
 @attrs.frozen
 class WorkerAddresses:
-    """The three sockets of one worker: input ROUTER, output PULL (both ``ipc://``), handshake
-    ROUTER (``tcp://``). The gateway binds all three; engines dial in."""
+    """The three sockets of one worker: input ROUTER, output PULL (``ipc://``, or for a
+    ``tcp://`` worker tcp on the URL's host with ports the kernel picks), handshake ROUTER
+    (``tcp://``; a tcp worker's is its URL). The gateway binds all three; engines dial in."""
 
     url: str
     input: str
     output: str
     handshake: str
+
+    @property
+    def is_tcp(self) -> bool:
+        """A remote-capable worker: every socket is tcp (engines on other hosts)."""
+        return self.url.startswith("tcp://")
 
     @property
     def path(self) -> str:
@@ -61,8 +83,19 @@ def worker_addresses(url: str, handshake_override: str | None = None) -> WorkerA
     """Derive ``<url>-in.sock``, ``<url>-out.sock`` and ``tcp://127.0.0.1:<fnv port>``.
 
     ``handshake_override`` is used verbatim and must start with ``tcp://`` (vLLM's headless
-    engine can only dial TCP). Raises ``WorkerAddressError``.
+    engine can only dial TCP). A ``tcp://HOST:PORT`` worker (remote engines, vLLM's
+    ``--data-parallel-address HOST --data-parallel-rpc-port PORT``) binds its handshake at the
+    URL and its input and output at ``tcp://HOST:*``. Raises ``WorkerAddressError``.
     """
+    if url.startswith("tcp://"):
+        host, _ = tcp_host_port(url)
+        if handshake_override is not None and handshake_override != url:
+            raise WorkerAddressError(
+                f"a tcp:// worker's handshake address is its URL ({url}); "
+                f"zmq_handshake_address {handshake_override!r} does not apply"
+            )
+        wildcard = f"tcp://{host}:*"
+        return WorkerAddresses(url=url, input=wildcard, output=wildcard, handshake=url)
     path = ipc_path(url)
     if handshake_override is not None:
         if not handshake_override.startswith("tcp://"):

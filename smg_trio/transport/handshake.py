@@ -23,7 +23,8 @@ from smg_trio.protocol.handshake import (
     decode_status,
     encode_init,
 )
-from smg_trio.transport.topology import BoundSockets
+from smg_trio.transport.tcp import peer_host
+from smg_trio.transport.topology import BoundSockets, init_addresses
 from smg_trio.transport.zsocket import ZmqSocketError
 
 __all__ = [
@@ -142,6 +143,20 @@ class _Driver:
 
     # -- handshake ROUTER ----------------------------------------------------------------
 
+    def refused(self, fd: int | None, what: str, frames: list[bytes]) -> bool:
+        """Whether a tcp worker's message came from a peer not on its allow-list (logged)."""
+        tcp = self.sockets.tcp
+        if tcp is None:
+            return False
+        host = peer_host(fd)
+        if host is not None and tcp.peer_allowed(host):
+            return False
+        self.ignored(
+            f"{what} from {_peer(frames)} at {host or 'an unknown address'}: refused, the host"
+            " is not loopback or in --allowed-engine-hosts"
+        )
+        return True
+
     async def handshake_loop(self) -> None:
         sock = self.sockets.handshake
         while True:
@@ -149,9 +164,12 @@ class _Driver:
                 (p.next_init for p in self.peers.values() if p.registration is None),
                 default=math.inf,
             )
-            frames = None
+            frames: list[bytes] | None = None
+            fd: int | None = None
             with trio.move_on_at(due):
-                frames = await sock.recv_multipart()
+                frames, fd = await sock.recv_multipart_with_source()
+            if frames is not None and self.refused(fd, "a handshake message", frames):
+                frames = None
             if frames is not None:
                 try:
                     self._on_handshake(frames)
@@ -249,6 +267,8 @@ class _Driver:
                     await trio.sleep(READMIT_POLL_S)
                     continue
                 frames, fd = got
+            if self.refused(fd, "an input registration", frames):
+                continue
             try:
                 self._on_registration(frames, fd)
             except HandshakeError as exc:
@@ -366,7 +386,7 @@ async def run_handshake(
     driver = _Driver(
         sockets,
         engine_count,
-        encode_init(sockets.input_address, sockets.output_address),
+        encode_init(*init_addresses(sockets)),
         wanted=wanted,
     )
     async with trio.open_nursery() as nursery:
