@@ -3,11 +3,12 @@ abort-on-exit for every request (the trio replacement for Rust's ``Drop``)."""
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 
 import trio
@@ -36,7 +37,9 @@ from smg_trio.transport.tcp import TcpOptions, peer_host, shut_down_connection
 from smg_trio.transport.topology import BoundSockets, HandshakeSocket, bind_worker_sockets
 
 __all__ = [
+    "ABORT_GROUP",
     "ABORT_SEND_TIMEOUT_S",
+    "AbortGroup",
     "ENGINE_CORE_DEAD",
     "ENGINE_DISCONNECT_GRACE_S",
     "ENGINE_SEND_TIMEOUT_S",
@@ -74,6 +77,35 @@ _OUTPUT_BURST = 16
 #: Ids retired by an abort are remembered so that an engine that registered the request late
 #: (its ABORT raced ahead of registration) is told again when its output shows up.
 _ABORTED_MEMORY = 4096
+
+
+class AbortGroup:
+    """The engine requests one client request has in flight, so that all of them are ABORTed
+    the moment its client is known to be gone, before the cancellation of its handler has
+    unwound (under a disconnect storm that unwinding takes tens of milliseconds per batch).
+
+    The HTTP front sets :data:`ABORT_GROUP` for the handler's task; ``generate`` blocks opened
+    in it (or in tasks it starts) join it while they run."""
+
+    __slots__ = ("_members",)
+
+    def __init__(self) -> None:
+        self._members: dict[tuple[int, str], EngineClient] = {}
+
+    def abort_now(self) -> None:
+        """Retire every member and queue its ABORT without waiting (:meth:`EngineClient.abort_nowait`)."""
+        by_client: dict[int, tuple[EngineClient, list[str]]] = {}
+        for (key, rid), client in self._members.items():
+            by_client.setdefault(key, (client, []))[1].append(rid)
+        self._members.clear()
+        for client, rids in by_client.values():
+            client.abort_nowait(rids)
+
+
+#: The :class:`AbortGroup` of the current client request, if the HTTP front set one.
+ABORT_GROUP: contextvars.ContextVar[AbortGroup | None] = contextvars.ContextVar(
+    "smg_trio_abort_group", default=None
+)
 
 
 class EngineClient:
@@ -133,6 +165,10 @@ class EngineClient:
         self.dead_event = trio.Event()
         self._waves = WaveClock() if any(e.ready.is_lockstep for e in self.engines) else None
         self._nursery: trio.Nursery | None = None
+        #: Eager ABORTs queued while the output loop dispatches (sent once per engine at the
+        #: end of the batch), by engine identity.
+        self._pending_aborts: dict[bytes, list[str]] = {}
+        self._dispatching = False
 
     # -- introspection -------------------------------------------------------------------
 
@@ -212,6 +248,10 @@ class EngineClient:
         self._aborted.pop(rid, None)
         if len(self._registry) == 1:
             self._last_output = trio.current_time()
+        group = ABORT_GROUP.get()
+        member = (id(self), rid)
+        if group is not None:
+            group._members[member] = self
         try:
             await self._send(entry.identity, frames)
             entry.sent = True
@@ -221,7 +261,9 @@ class EngineClient:
                 await self._wake_group(self._waves.next_wake())
             yield RequestStream(entry)
         finally:
-            if not entry.finished:
+            if group is not None:
+                group._members.pop(member, None)
+            if not entry.finished and not entry.aborted:
                 self._retire(entry)
                 entry.close()
                 if entry.sent and self.alive and not self._router.down[entry.rank]:
@@ -238,6 +280,46 @@ class EngineClient:
         entry.close()
         if self.alive:
             await self._send_abort(entry.identity, request_id)
+
+    def abort_nowait(self, request_ids: Iterable[str]) -> None:
+        """Retire ``request_ids`` now (their streams end with ``RequestStreamClosed``; their
+        ``generate`` blocks then send nothing more) and queue one ABORT per engine without
+        waiting; not a checkpoint. Called where a client is first known to be gone (a failed
+        direct write, ``http.disconnect``). From inside the output loop's dispatch the ABORTs
+        go out at the end of the batch, coalesced. Unknown ids are ignored."""
+        pending = self._pending_aborts
+        for rid in request_ids:
+            entry = self._registry.get(rid)
+            if entry is None or entry.finished:
+                continue
+            self._retire(entry)
+            entry.aborted = True
+            entry.close()
+            if entry.sent and self.alive and not self._router.down[entry.rank]:
+                pending.setdefault(entry.identity, []).append(rid)
+        if not self._dispatching:
+            self._flush_aborts()
+
+    def _flush_aborts(self) -> None:
+        """Send the queued eager ABORTs: at once when the socket takes them, else from a task
+        in the client's nursery (bounded like any abort)."""
+        pending, self._pending_aborts = self._pending_aborts, {}
+        for identity, rids in pending.items():
+            frames = [identity, *self.protocol.encode_abort(rids)]
+            try:
+                if not self._send_lock.locked() and self._sockets.input.send_multipart_nowait(
+                    frames
+                ):
+                    continue
+            except (TransportError, trio.ClosedResourceError) as exc:
+                log.debug("eager abort of %d request(s) not sent: %s", len(rids), exc)
+                continue
+            if self._nursery is not None:
+                self._nursery.start_soon(self._send_aborts_bounded, identity, rids)
+
+    async def _send_aborts_bounded(self, identity: bytes, request_ids: list[str]) -> None:
+        with trio.move_on_after(ABORT_SEND_TIMEOUT_S):
+            await self._send_aborts(identity, request_ids)
 
     def fail_inflight(self, error: BaseException) -> int:
         """End every in-flight request's stream with ``error`` now, leaving the client alive:
@@ -537,6 +619,15 @@ class EngineClient:
         )
 
     def _dispatch(self, batch: EngineBatch) -> None:
+        self._dispatching = True
+        try:
+            self._dispatch_batch(batch)
+        finally:
+            self._dispatching = False
+            if self._pending_aborts:
+                self._flush_aborts()
+
+    def _dispatch_batch(self, batch: EngineBatch) -> None:
         router = self._router
         slot = router.slot_for_index(batch.engine_index)
         if batch.load is not None and slot is not None:
