@@ -33,7 +33,7 @@ from smg_trio.transport.handshake import (
     run_handshake,
 )
 from smg_trio.transport.monitor import ConnectionEvent, ConnectionMonitor
-from smg_trio.transport.tcp import TcpOptions, peer_host, shut_down_connection
+from smg_trio.transport.tcp import TcpOptions, endpoint_port, peer_host, shut_down_connection
 from smg_trio.transport.topology import BoundSockets, HandshakeSocket, bind_worker_sockets
 
 __all__ = [
@@ -516,11 +516,12 @@ class EngineClient:
     def _refuse_stranger(self, fd: int, which: str) -> bool:
         """A tcp worker's connection from a peer not on its allow-list is shut down (the
         handshake already refuses such a peer; this ends its connections to the data plane)."""
-        tcp = self._sockets.tcp
-        if tcp is None:
+        sockets = self._sockets
+        if sockets.tcp is None:
             return False
-        host = peer_host(fd)
-        if host is None or tcp.peer_allowed(host):
+        bound = sockets.input_address if which == "input" else sockets.output_address
+        host = peer_host(fd, endpoint_port(bound))  # None: not (or no longer) that connection
+        if host is None or sockets.tcp.peer_allowed(host):
             return False
         log.warning(
             "refused a connection to the %s socket from %s: the host is not loopback or in "

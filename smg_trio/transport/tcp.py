@@ -17,6 +17,7 @@ __all__ = [
     "TcpOptions",
     "advertised",
     "configure_heartbeat",
+    "endpoint_port",
     "is_wildcard_host",
     "peer_host",
     "shut_down_connection",
@@ -96,9 +97,12 @@ def advertised(address: str, host: str | None) -> str:
     return f"tcp://{shown}:{port}"
 
 
-def peer_host(fd: int | None) -> str | None:
+def peer_host(fd: int | None, local_port: int | None = None) -> str | None:
     """The peer IP of a tcp connection by its descriptor (libzmq's ``ZMQ_SRCFD`` or a monitor
-    event), or ``None`` when it is not a connected inet socket (gone, or ipc)."""
+    event), or ``None`` when it is not a connected inet socket (gone, or ipc). With
+    ``local_port``, also ``None`` unless the connection is to that port: a monitor event is
+    read after the fact, and by then the number may belong to another connection (an HTTP
+    client's, say), which must not be judged, let alone shut down, as an engine's."""
     if fd is None or fd < 0:
         return None
     try:
@@ -108,11 +112,19 @@ def peer_host(fd: int | None) -> str | None:
     try:
         if sock.family not in (socket.AF_INET, socket.AF_INET6):
             return None
+        if local_port is not None and sock.getsockname()[1] != local_port:
+            return None
         return str(sock.getpeername()[0])
     except OSError:
         return None
     finally:
         sock.detach()  # the descriptor stays libzmq's
+
+
+def endpoint_port(address: str) -> int | None:
+    """The port of a resolved ``tcp://HOST:PORT`` endpoint, else ``None``."""
+    port = address.rpartition(":")[2]
+    return int(port) if address.startswith("tcp://") and port.isdigit() else None
 
 
 def shut_down_connection(fd: int) -> None:

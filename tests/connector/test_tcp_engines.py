@@ -134,3 +134,31 @@ async def test_heartbeats_see_a_frozen_engine(
         proc.send_signal(signal.SIGCONT)
         proc.kill()
         await proc.wait()
+
+
+@pytest.mark.parametrize("which", ["input", "output"])
+async def test_a_strangers_data_plane_connection_is_shut_down(
+    tcp_worker: WorkerAddresses, caplog: pytest.LogCaptureFixture, which: str
+) -> None:
+    # Allowed: 127.0.0.1 only. A peer at 127.0.0.2 that reaches the input or output port after
+    # the handshake has its connection ended (shutdown) by the socket monitor's reader.
+    engine = MockEngine(tcp_worker.handshake, MockEngineConfig(step_s=0.001))
+    opts = TcpOptions(allow_loopback=False, allowed_hosts=("127.0.0.1",))
+    caplog.set_level(logging.WARNING, logger="smg_trio.connector.client")
+    with trio.fail_after(IO_DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(engine.run)
+            async with open_engine_client(
+                make_protocol("vllm"), tcp_worker, ready_timeout_s=IO_DEADLINE_S, tcp=opts
+            ) as client:
+                bound = getattr(client._sockets, f"{which}_address")
+                port = int(bound.rpartition(":")[2])
+                with trio.socket.socket() as stranger:
+                    await stranger.bind(("127.0.0.2", 0))
+                    await stranger.connect(("127.0.0.1", port))
+                    while await stranger.recv(4096):  # libzmq's greeting, then EOF
+                        pass
+                async with client.generate(request("still-fine", max_tokens=2)) as stream:
+                    assert [o async for o in stream][-1].finish_reason == "length"
+            nursery.cancel_scope.cancel()
+    assert f"refused a connection to the {which} socket from 127.0.0.2" in caplog.text
