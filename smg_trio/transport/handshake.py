@@ -143,12 +143,22 @@ class _Driver:
 
     # -- handshake ROUTER ----------------------------------------------------------------
 
-    def refused(self, fd: int | None, what: str, frames: list[bytes]) -> bool:
-        """Whether a tcp worker's message came from a peer not on its allow-list (logged)."""
+    def refused(
+        self, fd: int | None, what: str, frames: list[bytes], *, strict: bool = True
+    ) -> bool:
+        """Whether a tcp worker's message came from a peer not on its allow-list (logged).
+
+        A message whose connection is already gone has no address to check: ``strict``
+        refuses it (the input registration, which proves an engine; the real one keeps its
+        input connection open), else it passes (HELLO and READY on the handshake socket, which
+        vLLM closes right after its READY; an INIT goes to whichever connection holds the
+        identity then, and READY proves nothing without the registration)."""
         tcp = self.sockets.tcp
         if tcp is None:
             return False
         host = peer_host(fd)
+        if host is None and not strict:
+            return False
         if host is not None and tcp.peer_allowed(host):
             return False
         self.ignored(
@@ -168,7 +178,7 @@ class _Driver:
             fd: int | None = None
             with trio.move_on_at(due):
                 frames, fd = await sock.recv_multipart_with_source()
-            if frames is not None and self.refused(fd, "a handshake message", frames):
+            if frames is not None and self.refused(fd, "a handshake message", frames, strict=False):
                 frames = None
             if frames is not None:
                 try:
