@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -155,16 +156,22 @@ def test_abort(tcp_gateway: TcpGateway) -> None:
         assert r2.status_code == 200, r2.text
 
 
-def _stream_outcome(base: str) -> str:
+def _stream_outcome(base: str, started: threading.Event) -> str:
     body = chat_body(max_tokens=900, stream=True, ignore_eos=True)
+    raw = b""
     with (
         httpx.Client(base_url=base, timeout=120.0) as c,
         c.stream("POST", "/v1/chat/completions", json=body) as r,
     ):
-        raw = r.read()
-    errors = [ch for ch in sse_chunks(raw) if "error" in ch]
+        for part in r.iter_bytes():
+            raw += part
+            if b'"content":' in raw:
+                started.set()
+    chunks = sse_chunks(raw)
+    errors = [ch for ch in chunks if "error" in ch]
+    finishes = [ch["choices"][0].get("finish_reason") for ch in chunks if ch.get("choices")]
     done = raw.rstrip().endswith(b"data: [DONE]")
-    return f"stream error={bool(errors)} done={done}"
+    return f"stream error={bool(errors)} done={done}" + ("" if errors else f" {finishes[-1:]}")
 
 
 def _whole_outcome(base: str) -> str:
@@ -174,13 +181,13 @@ def _whole_outcome(base: str) -> str:
 
 
 def test_engine_killed_ends_every_request_with_an_error(tcp_gateway: TcpGateway) -> None:
+    started = [threading.Event() for _ in range(2)]
     with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(_stream_outcome, tcp_gateway.base) for _ in range(2)]
+        futures = [pool.submit(_stream_outcome, tcp_gateway.base, ev) for ev in started]
         futures.append(pool.submit(_whole_outcome, tcp_gateway.base))
+        for ev in started:  # both streams are generating
+            assert ev.wait(DEATH_BOUND_S)
         with tcp_gateway.client() as c:
-            deadline = time.monotonic() + DEATH_BOUND_S
-            while _inflight(c) < 3 and time.monotonic() < deadline:
-                time.sleep(0.05)
             assert _inflight(c) == 3
         os.killpg(tcp_gateway.engine.pid, signal.SIGKILL)
         killed = time.monotonic()
