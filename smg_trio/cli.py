@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import importlib.util
 import json
 import logging
@@ -36,6 +37,7 @@ from smg_trio.gateway.config import (
 )
 from smg_trio.parsers.reasoning import reasoning_parser_names
 from smg_trio.transport.handshake import READY_TIMEOUT_S
+from smg_trio.transport.tcp import DEFAULT_HEARTBEAT_IVL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from smg_trio.worker.jobs import DEFAULT_JOB_TTL_S, DEFAULT_MAX_FINISHED_JOBS
 from smg_trio.worker.manager import WORKER_WAIT_TIMEOUT_S
 from smg_trio.worker.policies import DEFAULT_POLICY, POLICY_NAMES
@@ -198,7 +200,29 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--allowed-engine-hosts",
         nargs="+",
         metavar="HOST",
-        help="non-loopback hosts a worker's zmq_handshake_address may bind (default: none)",
+        help="non-loopback hosts a worker's zmq_handshake_address or tcp:// URL may bind, and "
+        "the only non-loopback addresses a tcp:// worker's engines may connect from (IPs; "
+        "default: none)",
+    )
+    g.add_argument(
+        "--zmq-advertise-host",
+        metavar="HOST",
+        default=None,
+        help="the host a tcp:// worker's engines are told to dial for its input and output "
+        "sockets (default: the worker URL's host; required when that is 0.0.0.0 or ::)",
+    )
+    g.add_argument(
+        "--zmq-heartbeat-interval-secs",
+        type=_seconds(allow_zero=False),
+        default=DEFAULT_HEARTBEAT_IVL_S,
+        help="ZMTP heartbeat (PING) interval on a tcp:// worker's sockets (default %(default)s)",
+    )
+    g.add_argument(
+        "--zmq-heartbeat-timeout-secs",
+        type=_seconds(allow_zero=False),
+        default=DEFAULT_HEARTBEAT_TIMEOUT_S,
+        help="a tcp:// worker's engine connection with no traffic this long after a PING is "
+        "closed, and the engine is then dead after the disconnect grace (default %(default)s)",
     )
     g.add_argument(
         "--allowed-model-dirs",
@@ -420,7 +444,9 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         required=False,
         default=None,
-        help="ipc:// worker URLs registered at startup (default: none)",
+        help="ipc:// worker URLs, or tcp://HOST:PORT for remote engines (vLLM --headless "
+        "--data-parallel-address HOST --data-parallel-rpc-port PORT), registered at startup "
+        "(default: none)",
     )
     la.add_argument(
         "--backend",
@@ -629,6 +655,9 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "enable_http2": args.enable_http2,
         "allowed_socket_dirs": tuple(args.allowed_socket_dirs or ()),
         "allowed_engine_hosts": tuple(args.allowed_engine_hosts or ()),
+        "zmq_advertise_host": args.zmq_advertise_host,
+        "zmq_heartbeat_interval_s": args.zmq_heartbeat_interval_secs,
+        "zmq_heartbeat_timeout_s": args.zmq_heartbeat_timeout_secs,
         "allowed_model_dirs": (
             tuple(args.allowed_model_dirs) if args.allowed_model_dirs is not None else None
         ),
@@ -785,6 +814,12 @@ async def _run_gateway(config: Any) -> None:
 
                 watcher.start_soon(on_signal)
                 handle = await nursery.start(partial(serve, config, force_stop=force_stop))
+                # Everything built at startup (tokenizers, templates, the app, the libraries)
+                # lives as long as the process: moved out of the collector's view, a full
+                # collection scans only what requests create. Measured under the abort storm
+                # (bench/abort_storm.py): unfrozen, full collections of 25-110 ms stalled the
+                # event loop and with it every ABORT of their round.
+                gc.freeze()
                 print(f"smg_trio ready on {handle.base_url} (models: "
                       f"{', '.join(m.model_id for m in handle.manager.list_models())})", flush=True)  # fmt: skip
             watcher.cancel_scope.cancel()  # serve has stopped

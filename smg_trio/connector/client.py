@@ -3,11 +3,12 @@ abort-on-exit for every request (the trio replacement for Rust's ``Drop``)."""
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
@@ -20,17 +21,26 @@ from smg_trio.errors import (
     DecodeError,
     DuplicateRequestId,
     EngineDeadError,
+    HandshakeError,
     TransportError,
 )
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.handshake import EngineCoreReadyResponse
 from smg_trio.protocol.types import EngineBatch, EngineLoad, EngineProtocol, GenerateRequest
-from smg_trio.transport.handshake import READY_TIMEOUT_S, EngineRegistration, run_handshake
-from smg_trio.transport.monitor import ConnectionEvent
+from smg_trio.transport.handshake import (
+    READY_TIMEOUT_S,
+    EngineRegistration,
+    readmit_engine,
+    run_handshake,
+)
+from smg_trio.transport.monitor import ConnectionEvent, ConnectionMonitor
+from smg_trio.transport.tcp import TcpOptions, endpoint_port, peer_host, shut_down_connection
 from smg_trio.transport.topology import BoundSockets, HandshakeSocket, bind_worker_sockets
 
 __all__ = [
+    "ABORT_GROUP",
     "ABORT_SEND_TIMEOUT_S",
+    "AbortGroup",
     "ENGINE_CORE_DEAD",
     "ENGINE_DISCONNECT_GRACE_S",
     "ENGINE_SEND_TIMEOUT_S",
@@ -71,6 +81,35 @@ _OUTPUT_BURST = 16
 _ABORTED_MEMORY = 4096
 
 
+class AbortGroup:
+    """The engine requests one client request has in flight, so that all of them are ABORTed
+    the moment its client is known to be gone, before the cancellation of its handler has
+    unwound (under a disconnect storm that unwinding takes tens of milliseconds per batch).
+
+    The HTTP front sets :data:`ABORT_GROUP` for the handler's task; ``generate`` blocks opened
+    in it (or in tasks it starts) join it while they run."""
+
+    __slots__ = ("_members",)
+
+    def __init__(self) -> None:
+        self._members: dict[tuple[int, str], EngineClient] = {}
+
+    def abort_now(self) -> None:
+        """Retire every member and queue its ABORT without waiting (:meth:`EngineClient.abort_nowait`)."""
+        by_client: dict[int, tuple[EngineClient, list[str]]] = {}
+        for (key, rid), client in self._members.items():
+            by_client.setdefault(key, (client, []))[1].append(rid)
+        self._members.clear()
+        for client, rids in by_client.values():
+            client.abort_nowait(rids)
+
+
+#: The :class:`AbortGroup` of the current client request, if the HTTP front set one.
+ABORT_GROUP: contextvars.ContextVar[AbortGroup | None] = contextvars.ContextVar(
+    "smg_trio_abort_group", default=None
+)
+
+
 class EngineClient:
     """A live connection to one worker: ``len(engines)`` engines (DP ranks) on one socket set.
 
@@ -87,12 +126,14 @@ class EngineClient:
         silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
         disconnect_grace_s: float | None = None,
         owns_liveness: bool = True,
+        ready_timeout_s: float = READY_TIMEOUT_S,
     ) -> None:
         self.protocol = protocol
         #: False for a frontend client that attached to engines client 0 handshook: client 0
         #: watches the engines' connections; here a send to an engine not connected (yet)
         #: fails only that request, and the socket monitor is not read after the attach.
         self.owns_liveness = owns_liveness
+        self._ready_timeout_s = ready_timeout_s
         self.engines = list(engines)
         self._sockets = sockets
         self._identities = [e.identity for e in self.engines]
@@ -115,8 +156,14 @@ class EngineClient:
         #: Slots whose connection closed -> when; insertion order is disconnect order.
         self._suspects: dict[int, float] = {}
         self._lost: set[int] = set()  # slots declared dead (the others keep serving)
+        #: Connections accepted while a rank was suspect (fd -> that slot), in accept order,
+        #: until their ZMTP handshake is done.
+        self._reconnecting: dict[int, int] = {}
         self._recv_scope: trio.CancelScope | None = None
         self._watchdog_scope = trio.CancelScope()  # cancelled by _die: a dead client is not timed
+        #: The re-admission of lost ranks (reads the handshake ROUTER); cancelled by _die, so
+        #: that a restarted engine's HELLO is left for the next client's handshake.
+        self._readmit_scope: trio.CancelScope | None = None
         #: When the silence window last restarted: the last engine output, or the submit that
         #: made an idle client busy (idle silence is never timed).
         self._last_output = trio.current_time()
@@ -125,6 +172,10 @@ class EngineClient:
         self.dead_event = trio.Event()
         self._waves = WaveClock() if any(e.ready.is_lockstep for e in self.engines) else None
         self._nursery: trio.Nursery | None = None
+        #: Eager ABORTs queued while the output loop dispatches (sent once per engine at the
+        #: end of the batch), by engine identity.
+        self._pending_aborts: dict[bytes, list[str]] = {}
+        self._dispatching = False
 
     # -- introspection -------------------------------------------------------------------
 
@@ -204,6 +255,10 @@ class EngineClient:
         self._aborted.pop(rid, None)
         if len(self._registry) == 1:
             self._last_output = trio.current_time()
+        group = ABORT_GROUP.get()
+        member = (id(self), rid)
+        if group is not None:
+            group._members[member] = self
         try:
             await self._send(entry.identity, frames)
             entry.sent = True
@@ -213,7 +268,9 @@ class EngineClient:
                 await self._wake_group(self._waves.next_wake())
             yield RequestStream(entry)
         finally:
-            if not entry.finished:
+            if group is not None:
+                group._members.pop(member, None)
+            if not entry.finished and not entry.aborted:
                 self._retire(entry)
                 entry.close()
                 if entry.sent and self.alive and not self._router.down[entry.rank]:
@@ -230,6 +287,46 @@ class EngineClient:
         entry.close()
         if self.alive:
             await self._send_abort(entry.identity, request_id)
+
+    def abort_nowait(self, request_ids: Iterable[str]) -> None:
+        """Retire ``request_ids`` now (their streams end with ``RequestStreamClosed``; their
+        ``generate`` blocks then send nothing more) and queue one ABORT per engine without
+        waiting; not a checkpoint. Called where a client is first known to be gone (a failed
+        direct write, ``http.disconnect``). From inside the output loop's dispatch the ABORTs
+        go out at the end of the batch, coalesced. Unknown ids are ignored."""
+        pending = self._pending_aborts
+        for rid in request_ids:
+            entry = self._registry.get(rid)
+            if entry is None or entry.finished:
+                continue
+            self._retire(entry)
+            entry.aborted = True
+            entry.close()
+            if entry.sent and self.alive and not self._router.down[entry.rank]:
+                pending.setdefault(entry.identity, []).append(rid)
+        if not self._dispatching:
+            self._flush_aborts()
+
+    def _flush_aborts(self) -> None:
+        """Send the queued eager ABORTs: at once when the socket takes them, else from a task
+        in the client's nursery (bounded like any abort)."""
+        pending, self._pending_aborts = self._pending_aborts, {}
+        for identity, rids in pending.items():
+            frames = [identity, *self.protocol.encode_abort(rids)]
+            try:
+                if not self._send_lock.locked() and self._sockets.input.send_multipart_nowait(
+                    frames
+                ):
+                    continue
+            except (TransportError, trio.ClosedResourceError) as exc:
+                log.debug("eager abort of %d request(s) not sent: %s", len(rids), exc)
+                continue
+            if self._nursery is not None:
+                self._nursery.start_soon(self._send_aborts_bounded, identity, rids)
+
+    async def _send_aborts_bounded(self, identity: bytes, request_ids: list[str]) -> None:
+        with trio.move_on_after(ABORT_SEND_TIMEOUT_S):
+            await self._send_aborts(identity, request_ids)
 
     def fail_inflight(self, error: BaseException) -> int:
         """End every in-flight request's stream with ``error`` now, leaving the client alive:
@@ -350,6 +447,8 @@ class EngineClient:
         if self._recv_scope is not None:
             self._recv_scope.cancel()
         self._watchdog_scope.cancel()
+        if self._readmit_scope is not None:
+            self._readmit_scope.cancel()
 
     # -- connection watch (engine death from the socket itself) ----------------------------
 
@@ -357,7 +456,7 @@ class EngineClient:
         """The input socket monitor's one reader: an engine's input connection that closes
         makes its rank suspect; one that is accepted while a rank is suspect is that rank
         coming back (the oldest suspect first: a new connection carries no identity the
-        monitor reports); a rank still suspect after the grace is dead (:meth:`_rank_lost`).
+        monitor reports), routable again once its ZMTP handshake is done; a rank still suspect after the grace is dead (:meth:`_rank_lost`).
 
         This is what sees an engine die whatever started it (``launch``, ``serve``, the
         admin API): the kernel closes a killed process's sockets, and libzmq reports it here
@@ -394,13 +493,33 @@ class EngineClient:
         if event.handshaken:
             return  # the accept already counted
         fd = event.fd
-        log.debug("input monitor: %s fd %d", "accepted" if event.accepted else "closed", fd)
-        if not event.accepted:
+        log.debug("input monitor: %s fd %d", event.kind, fd)
+        if event.kind == "closed":
+            self._reconnecting.pop(fd, None)
             slot = self._slot_of_fd.pop(fd, None)
             if slot is not None:
                 self._suspect(slot)
-        elif fd not in self._slot_of_fd and self._suspects:
-            slot = next(iter(self._suspects))
+        elif event.kind == "accepted":
+            if self._refuse_stranger(fd, "input"):
+                return
+            # A suspect rank dialing back in (the oldest suspect not already claimed by an
+            # earlier connection): it stays suspect until that connection's ZMTP handshake is
+            # done, since the ROUTER cannot route to it before.
+            claimed = set(self._reconnecting.values())
+            slot = next((s for s in self._suspects if s not in claimed), None)
+            if fd not in self._slot_of_fd and slot is not None:
+                self._reconnecting[fd] = slot
+        elif self._reconnecting:  # a handshake done: the oldest accepted connection's
+            fd = next(iter(self._reconnecting))
+            slot = self._reconnecting.pop(fd)
+            if slot not in self._suspects:
+                return
+            # The new pipe and routing id are queued for the ROUTER; apply them now, or the
+            # next send could go into the closed connection's pipe and be lost.
+            try:
+                self._sockets.input.process_commands()
+            except trio.ClosedResourceError:
+                return
             del self._suspects[slot]
             self._slot_of_fd[fd] = slot
             self._router.down[slot] = False
@@ -408,6 +527,36 @@ class EngineClient:
                 "engine %d reconnected to the input socket; its requests carry on",
                 self._router.indices[slot],
             )
+
+    def _refuse_stranger(self, fd: int, which: str) -> bool:
+        """A tcp worker's connection from a peer not on its allow-list is shut down (the
+        handshake already refuses such a peer; this ends its connections to the data plane)."""
+        sockets = self._sockets
+        if sockets.tcp is None:
+            return False
+        bound = sockets.input_address if which == "input" else sockets.output_address
+        host = peer_host(fd, endpoint_port(bound))  # None: not (or no longer) that connection
+        if host is None or sockets.tcp.peer_allowed(host):
+            return False
+        log.warning(
+            "refused a connection to the %s socket from %s: the host is not loopback or in "
+            "--allowed-engine-hosts",
+            which,
+            host,
+        )
+        shut_down_connection(fd)
+        return True
+
+    async def _guard_output_peers(self, monitor: ConnectionMonitor) -> None:
+        """A tcp worker's output PULL: shut down connections from peers not on the allow-list
+        (the monitor's one reader)."""
+        try:
+            while True:
+                event = await monitor.receive()
+                if event is not None and event.accepted:
+                    self._refuse_stranger(event.fd, "output")
+        except (TransportError, trio.ClosedResourceError):
+            return
 
     def _suspect(self, slot: int) -> None:
         """``slot``'s input connection closed: no new requests go to it; its in-flight ones
@@ -442,8 +591,59 @@ class EngineClient:
                 del registry[rid]
                 self._router.release(slot, rid)
                 entry.close(error)
+        if self._readmit_scope is None and self._nursery is not None:
+            self._readmit_scope = trio.CancelScope()
+            self._nursery.start_soon(self._readmit_lost, self._readmit_scope)
+
+    # -- re-admission (a restarted rank while the others keep serving) ---------------------
+
+    async def _readmit_lost(self, scope: trio.CancelScope) -> None:
+        """While ranks are lost and the others serve, take a restarted engine of a lost rank
+        back: the handshake as at startup (HELLO, INIT with this client's addresses, READY,
+        the registration on the input socket), answering only the lost ranks' identities.
+        A re-admitted rank is routable again at once."""
+        with scope:
+            while self._lost and self.alive:
+                lost = {self._identities[slot] for slot in self._lost}
+                try:
+                    engine = await readmit_engine(
+                        self._sockets, lost.__contains__, ready_timeout_s=self._ready_timeout_s
+                    )
+                except (HandshakeError, TransportError) as exc:
+                    log.warning("re-admission of a restarted engine failed: %s", exc)
+                    await trio.sleep(1.0)
+                    continue
+                self._readmitted(engine)
+        self._readmit_scope = None
+
+    def _readmitted(self, engine: EngineRegistration) -> None:
+        slot = self._identities.index(engine.identity)
+        self.engines[slot] = engine
+        self._lost.discard(slot)
+        self._suspects.pop(slot, None)
+        for fd, s in list(self._slot_of_fd.items()):
+            if s == slot:
+                del self._slot_of_fd[fd]
+        if engine.connection_fd is not None:
+            self._slot_of_fd[engine.connection_fd] = slot
+        self._router.loads[slot] = None
+        self._router.down[slot] = False
+        log.info(
+            "engine %d restarted and re-admitted; %d rank(s) serving",
+            self._router.indices[slot],
+            len(self.engines) - len(self._lost),
+        )
 
     def _dispatch(self, batch: EngineBatch) -> None:
+        self._dispatching = True
+        try:
+            self._dispatch_batch(batch)
+        finally:
+            self._dispatching = False
+            if self._pending_aborts:
+                self._flush_aborts()
+
+    def _dispatch_batch(self, batch: EngineBatch) -> None:
         router = self._router
         slot = router.slot_for_index(batch.engine_index)
         if batch.load is not None and slot is not None:
@@ -610,6 +810,7 @@ async def open_engine_client(
     silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
     handshake: HandshakeSocket | None = None,
     disconnect_grace_s: float | None = None,
+    tcp: TcpOptions | None = None,
 ) -> AsyncIterator[EngineClient]:
     """Bind, handshake with ``engine_count`` engines, and yield a running :class:`EngineClient`.
 
@@ -619,7 +820,8 @@ async def open_engine_client(
     disables it). ``disconnect_grace_s`` is how long a rank whose input connection closed may
     take to reconnect before it is dead (``ENGINE_DISCONNECT_GRACE_S`` by default). ``handshake`` is a handshake ROUTER the caller keeps bound across engine
     lives (see :class:`~smg_trio.transport.topology.HandshakeSocket`); without it one is bound
-    here and closed on exit.
+    here and closed on exit. ``tcp`` sets up a ``tcp://`` worker (advertised host, heartbeats,
+    engine peer allow-list; see :class:`~smg_trio.transport.tcp.TcpOptions`).
 
     With ``addresses.client_count > 1`` this call is client 0 (``addresses.client_index`` must
     be 0): INIT also names the other clients' pairs, which :func:`attach_engine_client` binds.
@@ -627,7 +829,7 @@ async def open_engine_client(
     if addresses.client_index != 0:
         raise ValueError("only client 0 runs the handshake; the others attach")
     others = list(zip(addresses.inputs[1:], addresses.outputs[1:], strict=True))
-    async with bind_worker_sockets(addresses, handshake=handshake) as sockets:
+    async with bind_worker_sockets(addresses, handshake=handshake, tcp=tcp) as sockets:
         engines = await run_handshake(
             sockets,
             engine_count=engine_count,
@@ -640,6 +842,7 @@ async def open_engine_client(
             engines,
             silence_timeout_s=silence_timeout_s,
             disconnect_grace_s=disconnect_grace_s,
+            ready_timeout_s=ready_timeout_s,
         )
         async with _running(client) as running:
             yield running
@@ -674,13 +877,15 @@ async def attach_engine_client(
         # Ready once every engine's connection to this input socket finished its ZMTP
         # handshake, so its identity is routable (a restarted client's re-bound socket gets
         # no registration, only the connection). Callers bound the wait.
-        connected: set[int] = set()
-        while len(connected) < len(engines):
+        # (A handshake event names no connection: count them, less the closes.)
+        handshaken = 0
+        while handshaken < len(engines):
             event = await sockets.input_monitor.receive()
             if event is not None and event.handshaken:
-                connected.add(event.fd)
-            elif event is not None and not event.accepted:
-                connected.discard(event.fd)
+                handshaken += 1
+            elif event is not None and event.kind == "closed":
+                handshaken = max(0, handshaken - 1)
+        sockets.input.process_commands()  # libzmq attaches the new pipes now, not on a later send
         # Engine death is seen from the sentinel, the silence watchdog, or client 0 (which
         # owns the engines' liveness).
         attached = [attrs.evolve(e, connection_fd=None) for e in engines]
@@ -699,6 +904,8 @@ async def _running(client: EngineClient) -> AsyncIterator[EngineClient]:
         nursery.start_soon(client._output_loop)
         nursery.start_soon(client._silence_watchdog)
         nursery.start_soon(client._watch_connections)
+        if client._sockets.output_monitor is not None:
+            nursery.start_soon(client._guard_output_peers, client._sockets.output_monitor)
         try:
             yield client
         finally:

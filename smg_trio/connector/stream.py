@@ -23,6 +23,7 @@ class _Entry:
     """
 
     __slots__ = (
+        "aborted",
         "closed",
         "dp_rank",
         "error",
@@ -49,6 +50,7 @@ class _Entry:
         self.closed = False  # no more outputs will arrive (finished, retired or failed)
         self.error: BaseException | None = None
         self.sent = False
+        self.aborted = False  # retired by an eager abort: its ABORT is queued already
         #: Called instead of waking a parked task (see ``RequestStream.set_waker``).
         self.waker: Callable[[], None] | None = None
 

@@ -13,6 +13,7 @@ __all__ = [
     "client_data_plane",
     "derive_handshake_port",
     "ipc_path",
+    "tcp_host_port",
     "worker_addresses",
 ]
 
@@ -53,11 +54,28 @@ def client_data_plane(path: str, client_index: int) -> tuple[str, str]:
     return f"ipc://{path}-in{suffix}.sock", f"ipc://{path}-out{suffix}.sock"
 
 
+def tcp_host_port(url: str) -> tuple[str, int]:
+    """Host and port of a ``tcp://HOST:PORT`` worker URL (an IPv6 host in brackets). Raises
+    ``WorkerAddressError``."""
+    host, sep, port = url.removeprefix("tcp://").rpartition(":")
+    if (
+        not url.startswith("tcp://")
+        or not sep
+        or not host
+        or not (port.isascii() and port.isdigit() and 0 < int(port) < 65536)
+        or host == "*"
+    ):
+        raise WorkerAddressError(f"a tcp worker URL must be tcp://HOST:PORT, got {url!r}")
+    return host, int(port)
+
+
 @attrs.frozen
 class WorkerAddresses:
     """The three sockets of one worker, as seen by frontend client ``client_index`` of
     ``client_count``: its input ROUTER and output PULL (both ``ipc://``) and the handshake ROUTER
-    (``tcp://``). The gateway binds them; engines dial in. With several clients (vLLM's
+    (``tcp://``); a ``tcp://`` worker's input and output are tcp on the URL's host with ports
+    the kernel picks, and its handshake is its URL. The gateway binds them; engines dial in.
+    With several clients (vLLM's
     ``EngineZmqAddresses.inputs/outputs``), ``inputs``/``outputs`` list every client's pair, in
     client order, for INIT; each client binds its own pair."""
 
@@ -67,6 +85,11 @@ class WorkerAddresses:
     handshake: str
     client_index: int = 0
     client_count: int = 1
+
+    @property
+    def is_tcp(self) -> bool:
+        """A remote-capable worker: every socket is tcp (engines on other hosts)."""
+        return self.url.startswith("tcp://")
 
     @property
     def path(self) -> str:
@@ -104,8 +127,25 @@ def worker_addresses(
 
     ``handshake_override`` is used verbatim and must start with ``tcp://`` (vLLM's headless
     engine can only dial TCP). ``client_index``/``client_count`` pick one frontend client's
-    data plane (:func:`client_data_plane`). Raises ``WorkerAddressError``.
+    data plane (:func:`client_data_plane`). A ``tcp://HOST:PORT`` worker (remote engines,
+    vLLM's ``--data-parallel-address HOST --data-parallel-rpc-port PORT``) binds its handshake
+    at the URL and its input and output at ``tcp://HOST:*``; it serves one frontend client.
+    Raises ``WorkerAddressError``.
     """
+    if url.startswith("tcp://"):
+        host, _ = tcp_host_port(url)
+        if handshake_override is not None and handshake_override != url:
+            raise WorkerAddressError(
+                f"a tcp:// worker's handshake address is its URL ({url}); "
+                f"zmq_handshake_address {handshake_override!r} does not apply"
+            )
+        if client_count != 1:
+            raise WorkerAddressError(
+                "a tcp:// worker serves one frontend client; --api-server-count above 1 "
+                "works with ipc:// workers only"
+            )
+        wildcard = f"tcp://{host}:*"
+        return WorkerAddresses(url=url, input=wildcard, output=wildcard, handshake=url)
     path = ipc_path(url)
     if not 0 <= client_index < client_count:
         raise WorkerAddressError(

@@ -29,6 +29,7 @@ from smg_trio.serve.progress import StartupProgress
 from smg_trio.serve.supervisor import FrontendGroup, _Slots, listening_socket, run_directory
 from smg_trio.tokenizer.hub import is_hub_id
 from smg_trio.transport.sockdir import default_socket_dir
+from smg_trio.transport.tcp import TcpOptions
 from smg_trio.worker.confine import WorkerConfinement, hf_hub_cache, is_loopback_host
 from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
 
@@ -120,10 +121,15 @@ def _confinement(config: GatewayConfig) -> WorkerConfinement:
     handshake override's host), plus the ``allowed_*`` settings."""
     eng = config.engines
     socket_dirs = [(eng.socket_dir if eng else None) or default_socket_dir()]
+    hosts = list(config.allowed_engine_hosts)
     for url in config.worker_urls:
         path = url.removeprefix("ipc://")
         if url.startswith("ipc://") and path.startswith("/"):
             socket_dirs.append(os.path.dirname(os.path.normpath(path)))
+        elif url.startswith("tcp://"):  # a remote-engine worker named at startup
+            host = url.removeprefix("tcp://").rpartition(":")[0]
+            if host and not is_loopback_host(host):
+                hosts.append(host.strip("[]"))
     socket_dirs += config.allowed_socket_dirs
     # an engine's model that is a hub id is no directory: the gateway's snapshot of it is
     # config.model_path, and the hub cache holds it
@@ -132,7 +138,6 @@ def _confinement(config: GatewayConfig) -> WorkerConfinement:
     models += (
         config.allowed_model_dirs if config.allowed_model_dirs is not None else [hf_hub_cache()]
     )
-    hosts = list(config.allowed_engine_hosts)
     override = config.zmq_handshake_address
     if override and override.startswith("tcp://"):
         host = override.removeprefix("tcp://").rpartition(":")[0]
@@ -323,6 +328,11 @@ async def _serve_in(
             job_ttl_s=config.job_ttl_s,
             worker_wait_timeout_s=config.worker_wait_timeout_s,
             client_count=config.api_server_count + 1 if config.api_server_count > 1 else 1,
+            tcp=TcpOptions(
+                advertise_host=config.zmq_advertise_host,
+                heartbeat_ivl_s=config.zmq_heartbeat_interval_s,
+                heartbeat_timeout_s=config.zmq_heartbeat_timeout_s,
+            ),
         )
         registered: set[str] = set()
         runs: dict[str, _EngineRun] = {}
@@ -360,7 +370,9 @@ async def _serve_in(
                     model_path=model_path,
                     model_id=config.served_model_name,
                     runtime_type=config.backend,
-                    zmq_handshake_address=config.zmq_handshake_address,
+                    zmq_handshake_address=(
+                        None if url.startswith("tcp://") else config.zmq_handshake_address
+                    ),
                     dp_size=config.zmq_engine_count,
                     reasoning_parser=config.reasoning_parser,
                     tool_call_parser=config.tool_call_parser,

@@ -17,6 +17,7 @@ from smg_trio.gateway.config import (
     DEFAULT_WRITE_TIMEOUT_S,
 )
 from smg_trio.transport.handshake import READY_TIMEOUT_S
+from smg_trio.transport.tcp import DEFAULT_HEARTBEAT_IVL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from smg_trio.worker.jobs import DEFAULT_JOB_TTL_S, DEFAULT_MAX_FINISHED_JOBS
 from smg_trio.worker.manager import WORKER_WAIT_TIMEOUT_S
 from smg_trio.worker.policies import DEFAULT_POLICY
@@ -65,8 +66,12 @@ class GatewayConfig:
     - ``allowed_socket_dirs``: besides the socket directory (``engines.socket_dir``, else
       ``$SMG_ZMQ_SOCKET_DIR`` or ``/tmp/smg-zmq-<uid>``) and the directories of
       ``worker_urls``, where worker ipc URLs may live.
-    - ``allowed_engine_hosts``: besides loopback and the host of ``zmq_handshake_address``,
-      hosts a worker's handshake address may bind.
+    - ``allowed_engine_hosts``: besides loopback and the host of ``zmq_handshake_address``
+      (or of a ``tcp://`` worker URL), hosts a worker's handshake address or tcp URL may bind,
+      and the addresses a ``tcp://`` worker's engines may connect from.
+    - ``zmq_advertise_host``, ``zmq_heartbeat_interval_s``, ``zmq_heartbeat_timeout_s``: a
+      ``tcp://`` worker's advertised host and ZMTP heartbeats
+      (:class:`~smg_trio.transport.tcp.TcpOptions`).
     - ``allowed_model_dirs``: model roots besides the startup model directories; ``None``
       means the Hugging Face hub cache.
 
@@ -113,6 +118,9 @@ class GatewayConfig:
     allow_insecure_admin: bool = False
     allowed_socket_dirs: tuple[str, ...] = ()
     allowed_engine_hosts: tuple[str, ...] = ()
+    zmq_advertise_host: str | None = None
+    zmq_heartbeat_interval_s: float = DEFAULT_HEARTBEAT_IVL_S
+    zmq_heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     allowed_model_dirs: tuple[str, ...] | None = None
     #: While startup workers register, the longest gap between progress lines.
     startup_progress_interval_s: float = 5.0

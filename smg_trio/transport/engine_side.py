@@ -122,6 +122,9 @@ async def dial_frontend(
             await inp.send_multipart([registration])
         if register_before_ready:
             await handshake.send_multipart(ready)
+        # Done with it, as vLLM is: its READY is delivered while the socket lingers, often
+        # after the connection is gone from the frontend's point of view.
+        handshake.close(linger_ms=ENGINE_LINGER_MS)
         outs = init.addresses.outputs[: len(init.addresses.outputs) if multi_client else 1]
         outputs = [_dial(stack, zmq.PUSH, a) for a in outs]
         logger.debug("engine %d: READY and registration sent", engine_index)

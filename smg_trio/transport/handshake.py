@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import attrs
@@ -23,10 +23,17 @@ from smg_trio.protocol.handshake import (
     decode_status,
     encode_init,
 )
-from smg_trio.transport.topology import BoundSockets
+from smg_trio.transport.tcp import peer_host
+from smg_trio.transport.topology import BoundSockets, init_addresses
 from smg_trio.transport.zsocket import ZmqSocketError
 
-__all__ = ["READY_TIMEOUT_S", "EngineRegistration", "engine_index", "run_handshake"]
+__all__ = [
+    "READY_TIMEOUT_S",
+    "EngineRegistration",
+    "engine_index",
+    "readmit_engine",
+    "run_handshake",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +50,10 @@ INIT_RESEND_S: Final = 1.0
 MAX_UNEXPECTED_PEERS: Final = 32
 #: Dropped handshake messages logged per handshake; the rest are only counted.
 IGNORED_LOG_LIMIT: Final = 10
+#: While a running client re-admits a rank, its input ROUTER (which other tasks send on) is
+#: polled this often for the registration: a parked reader could miss its wake-up, because a
+#: send from another task consumes the socket's edge-style fd signal.
+READMIT_POLL_S: Final = 0.02
 
 
 def engine_index(identity: bytes) -> int | None:
@@ -121,6 +132,8 @@ class _Driver:
     timeout_s: float = READY_TIMEOUT_S
     finished: trio.Event = attrs.field(factory=trio.Event)
     fatal: HandshakeError | None = None
+    #: Re-admission: only these identities are answered, and the input ROUTER is polled.
+    wanted: Callable[[bytes], bool] | None = None
 
     def _advance(self) -> None:
         if self.deadline is not None:
@@ -130,6 +143,30 @@ class _Driver:
 
     # -- handshake ROUTER ----------------------------------------------------------------
 
+    def refused(
+        self, fd: int | None, what: str, frames: list[bytes], *, strict: bool = True
+    ) -> bool:
+        """Whether a tcp worker's message came from a peer not on its allow-list (logged).
+
+        A message whose connection is already gone has no address to check: ``strict``
+        refuses it (the input registration, which proves an engine; the real one keeps its
+        input connection open), else it passes (HELLO and READY on the handshake socket, which
+        vLLM closes right after its READY; an INIT goes to whichever connection holds the
+        identity then, and READY proves nothing without the registration)."""
+        tcp = self.sockets.tcp
+        if tcp is None:
+            return False
+        host = peer_host(fd)
+        if host is None and not strict:
+            return False
+        if host is not None and tcp.peer_allowed(host):
+            return False
+        self.ignored(
+            f"{what} from {_peer(frames)} at {host or 'an unknown address'}: refused, the host"
+            " is not loopback or in --allowed-engine-hosts"
+        )
+        return True
+
     async def handshake_loop(self) -> None:
         sock = self.sockets.handshake
         assert sock is not None, "run_handshake needs a handshake socket"
@@ -138,9 +175,12 @@ class _Driver:
                 (p.next_init for p in self.peers.values() if p.registration is None),
                 default=math.inf,
             )
-            frames = None
+            frames: list[bytes] | None = None
+            fd: int | None = None
             with trio.move_on_at(due):
-                frames = await sock.recv_multipart()
+                frames, fd = await sock.recv_multipart_with_source()
+            if frames is not None and self.refused(fd, "a handshake message", frames, strict=False):
+                frames = None
             if frames is not None:
                 try:
                     self._on_handshake(frames)
@@ -179,6 +219,9 @@ class _Driver:
             self.ignored(f"unexpected handshake status {shown} from {_name(identity)}")
 
     def _on_hello(self, identity: bytes, peer: _Peer | None) -> None:
+        if self.wanted is not None and not self.wanted(identity):
+            self.ignored(f"HELLO from {_name(identity)}, which is not a rank to re-admit")
+            return
         if peer is not None and peer.done:
             self.ignored(f"HELLO from {_name(identity)}, which already completed its handshake")
             return
@@ -229,7 +272,16 @@ class _Driver:
     async def input_loop(self) -> None:
         sock = self.sockets.input
         while True:
-            frames, fd = await sock.recv_multipart_with_source()
+            if self.wanted is None:
+                frames, fd = await sock.recv_multipart_with_source()
+            else:
+                got = sock.recv_multipart_with_source_nowait()
+                if got is None:
+                    await trio.sleep(READMIT_POLL_S)
+                    continue
+                frames, fd = got
+            if self.refused(fd, "an input registration", frames):
+                continue
             try:
                 self._on_registration(frames, fd)
             except HandshakeError as exc:
@@ -311,6 +363,7 @@ async def run_handshake(
     engine_count: int,
     ready_timeout_s: float = READY_TIMEOUT_S,
     other_clients: Sequence[tuple[str, str]] = (),
+    wanted: Callable[[bytes], bool] | None = None,
 ) -> list[EngineRegistration]:
     """Run the startup handshake with ``engine_count`` engines (wire spec §1.3).
 
@@ -349,11 +402,12 @@ async def run_handshake(
     """
     if engine_count < 1:
         raise ValueError(f"expected engine_count >= 1, got {engine_count}")
+    own_input, own_output = init_addresses(sockets)
     init = encode_init(
-        [sockets.input_address, *(i for i, _ in other_clients)],
-        [sockets.output_address, *(o for _, o in other_clients)],
+        [own_input, *(i for i, _ in other_clients)],
+        [own_output, *(o for _, o in other_clients)],
     )
-    driver = _Driver(sockets, engine_count, init)
+    driver = _Driver(sockets, engine_count, init, wanted=wanted)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(driver.handshake_loop)
         nursery.start_soon(driver.input_loop)
@@ -375,3 +429,24 @@ async def run_handshake(
         for i, p in done
         if p.registration is not None
     ]
+
+
+async def readmit_engine(
+    sockets: BoundSockets,
+    wanted: Callable[[bytes], bool],
+    *,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> EngineRegistration:
+    """Handshake one restarted engine into a client that keeps serving its other ranks: the
+    same HELLO, INIT, READY and input registration as :func:`run_handshake`, answering only
+    the identities ``wanted`` accepts (the client's lost ranks). The input ROUTER is polled
+    (``READMIT_POLL_S``), since other tasks send on it meanwhile. Raises like
+    :func:`run_handshake`; waits for good while no wanted engine says HELLO."""
+    while True:
+        try:
+            (registration,) = await run_handshake(
+                sockets, engine_count=1, ready_timeout_s=ready_timeout_s, wanted=wanted
+            )
+        except HandshakeTimeout:
+            continue  # nobody to re-admit yet (or one that stalled): keep listening
+        return registration

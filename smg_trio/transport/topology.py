@@ -17,6 +17,7 @@ from smg_trio.errors import EngineError, SocketDirError
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.transport.monitor import INPUT_MONITOR_EVENTS, ConnectionMonitor
 from smg_trio.transport.sockdir import check_ipc_path, ensure_ipc_socket_dir, unlink_stale_socket
+from smg_trio.transport.tcp import TcpOptions, advertised, configure_heartbeat
 from smg_trio.transport.zsocket import ZmqSocket, zmq_context
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "HandshakeSocket",
     "bind_handshake_socket",
     "bind_worker_sockets",
+    "init_addresses",
 ]
 
 logger = logging.getLogger(__name__)
@@ -52,6 +54,18 @@ class BoundSockets:
     input_address: str
     output_address: str
     handshake_address: str | None
+    #: A ``tcp://`` worker's settings (advertised host, heartbeats, peer allow-list); ``None``
+    #: for an ipc worker.
+    tcp: TcpOptions | None = None
+    #: A tcp worker's output PULL monitor (its peers are checked against the allow-list).
+    output_monitor: ConnectionMonitor | None = None
+
+
+def init_addresses(sockets: BoundSockets) -> tuple[str, str]:
+    """The input and output addresses INIT gives engines: the bound ones, with a tcp
+    worker's advertised host in place of the bind host."""
+    host = sockets.tcp.advertise_host if sockets.tcp is not None else None
+    return advertised(sockets.input_address, host), advertised(sockets.output_address, host)
 
 
 def _configure_router(sock: zmq.Socket[bytes]) -> None:
@@ -137,7 +151,9 @@ async def bind_handshake_socket(address: str) -> AsyncIterator[HandshakeSocket]:
         yield HandshakeSocket(socket=hs, address=resolved)
 
 
-def _monitor(stack: contextlib.ExitStack, wrapped: ZmqSocket) -> ConnectionMonitor:
+def _monitor(
+    stack: contextlib.ExitStack, wrapped: ZmqSocket, events: int = INPUT_MONITOR_EVENTS
+) -> ConnectionMonitor:
     """Start ``wrapped``'s socket monitor and return the PAIR it reports on.
 
     Only the ``ACCEPTED``/``DISCONNECTED`` events of connections made after this call are
@@ -150,7 +166,7 @@ def _monitor(stack: contextlib.ExitStack, wrapped: ZmqSocket) -> ConnectionMonit
     """
     sock = wrapped.raw
     address = f"inproc://smg-input-monitor-{id(sock):x}-{os.getpid()}"
-    sock.monitor(address, INPUT_MONITOR_EVENTS)
+    sock.monitor(address, events)
     pair = zmq_context().socket(zmq.PAIR)
     stack.callback(pair.close, 0)
     pair.setsockopt(zmq.LINGER, 0)
@@ -188,6 +204,7 @@ async def bind_worker_sockets(
     addresses: WorkerAddresses,
     *,
     handshake: HandshakeSocket | None = None,
+    tcp: TcpOptions | None = None,
     with_handshake: bool = True,
 ) -> AsyncIterator[BoundSockets]:
     """Bind one worker's socket set, as smg does: input ROUTER, output PULL, handshake ROUTER.
@@ -201,12 +218,23 @@ async def bind_worker_sockets(
     socket is bound at all (a frontend client attaching to engines that another process
     handshook: only its own data-plane pair).
 
+    A ``tcp://`` worker (``addresses.is_tcp``) binds its input and output on the URL's host
+    with kernel-chosen ports, with ZMTP heartbeats (``tcp``, default :class:`TcpOptions`),
+    and its output PULL gets a monitor too (for the peer allow-list).
+
     Raises:
         SocketDirError: the socket directory or an ipc path is unusable, or an ipc bind failed.
         EngineError: the tcp handshake bind failed (for example, the port is in use); the
             message names the address.
         WorkerAddressError: an input/output address is not ``ipc://``.
     """
+    if addresses.is_tcp:
+        tcp = tcp or TcpOptions()
+        async with _bind_sockets(
+            addresses, handshake, tcp, None, None, with_handshake=with_handshake
+        ) as sockets:
+            yield sockets
+        return
     input_path = check_ipc_path(addresses.input)
     output_path = check_ipc_path(addresses.output)
     socket_dir = os.path.dirname(addresses.path)
@@ -214,17 +242,41 @@ async def bind_worker_sockets(
         ensure_ipc_socket_dir(socket_dir)
     unlink_stale_socket(input_path)
     unlink_stale_socket(output_path)
+    async with _bind_sockets(
+        addresses, handshake, None, input_path, output_path, with_handshake=with_handshake
+    ) as sockets:
+        yield sockets
+
+
+@asynccontextmanager
+async def _bind_sockets(
+    addresses: WorkerAddresses,
+    handshake: HandshakeSocket | None,
+    tcp: TcpOptions | None,
+    input_path: str | None,
+    output_path: str | None,
+    *,
+    with_handshake: bool = True,
+) -> AsyncIterator[BoundSockets]:
+    def input_config(sock: zmq.Socket[bytes]) -> None:
+        _configure_input_router(sock)
+        if tcp is not None:
+            configure_heartbeat(sock, tcp)
+
+    def output_config(sock: zmq.Socket[bytes]) -> None:
+        _configure_output_pull(sock)
+        if tcp is not None:
+            configure_heartbeat(sock, tcp)
 
     with contextlib.ExitStack() as stack:
-        inp, input_address = _bind(
-            stack, zmq.ROUTER, addresses.input, "input ROUTER", _configure_input_router
-        )
-        stack.callback(_unlink_if_same, input_path, _inode(input_path))
+        inp, input_address = _bind(stack, zmq.ROUTER, addresses.input, "input ROUTER", input_config)
+        if input_path is not None:
+            stack.callback(_unlink_if_same, input_path, _inode(input_path))
         monitor = _monitor(stack, inp)
-        out, output_address = _bind(
-            stack, zmq.PULL, addresses.output, "output PULL", _configure_output_pull
-        )
-        stack.callback(_unlink_if_same, output_path, _inode(output_path))
+        out, output_address = _bind(stack, zmq.PULL, addresses.output, "output PULL", output_config)
+        if output_path is not None:
+            stack.callback(_unlink_if_same, output_path, _inode(output_path))
+        output_monitor = _monitor(stack, out, zmq.EVENT_ACCEPTED) if tcp is not None else None
         hs: ZmqSocket | None
         handshake_address: str | None
         if not with_handshake:
@@ -250,4 +302,6 @@ async def bind_worker_sockets(
             input_address=input_address,
             output_address=output_address,
             handshake_address=handshake_address,
+            tcp=tcp,
+            output_monitor=output_monitor,
         )

@@ -213,6 +213,19 @@ class ZmqSocket:
         fd = parts[-1].get(zmq.SRCFD) if parts else -1
         return [p.bytes for p in parts], (fd if fd >= 0 else None)
 
+    def recv_multipart_with_source_nowait(self) -> tuple[list[bytes], int | None] | None:
+        """Like :meth:`recv_multipart_with_source`, without waiting (``None`` when no message
+        is waiting); not a checkpoint."""
+        self._check_open()
+        try:
+            parts = self._sock.recv_multipart(flags=zmq.DONTWAIT, copy=False)
+        except zmq.Again:
+            return None
+        except zmq.ZMQError as exc:
+            raise _wrapped(exc) from exc
+        fd = parts[-1].get(zmq.SRCFD) if parts else -1
+        return [p.bytes for p in parts], (fd if fd >= 0 else None)
+
     def recv_multipart_nowait(self) -> list[bytes] | None:
         """One multipart message if one is waiting, else ``None``; not a checkpoint.
 
@@ -237,6 +250,17 @@ class ZmqSocket:
         self._check_open()
         if not await self._wait(_POLLIN, must_sleep=False):
             await trio.lowlevel.checkpoint()
+
+    def process_commands(self) -> None:
+        """Let libzmq apply the socket's pending commands now (attach a new peer's pipe and
+        its routing id, retire a closed one); not a checkpoint, moves no message.
+
+        libzmq applies them only when the owning thread calls into the socket, and a send
+        applies them at most once per millisecond or so (it throttles), so a send right after
+        a reconnect can still see the old pipe. Reading ``EVENTS`` applies them unthrottled.
+        """
+        self._check_open()
+        self._sock.get(zmq.EVENTS)
 
     def close(self, *, linger_ms: int = 0) -> None:
         """Close the socket; idempotent. A task blocked in an operation on it gets

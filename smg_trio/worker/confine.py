@@ -74,7 +74,8 @@ class WorkerConfinement:
     - ``socket_dirs``: ipc worker URLs must be absolute paths below one of these (no ``..``,
       no abstract ``@`` names, no relative paths).
     - ``engine_hosts``: besides loopback (``127.0.0.0/8``, ``::1``, ``localhost``), hosts a
-      ``zmq_handshake_address`` may bind.
+      ``zmq_handshake_address`` or a ``tcp://`` worker URL may bind, and the addresses a
+      ``tcp://`` worker's engines may connect from (their peer address, as an IP).
     - ``model_dirs``: ``model_path`` and every file read from it must resolve inside one of
       these (a model dir in a hub cache counts as its whole repo, see ``_hf_repo_root``).
 
@@ -94,10 +95,16 @@ class WorkerConfinement:
         return cls(socket_dirs=(default_socket_dir(),), model_dirs=(hf_hub_cache(),))
 
     def check_url(self, url: str) -> None:
-        """Raise ``ValidationError`` (param ``url``) unless ``url`` is an allowed ipc URL."""
+        """Raise ``ValidationError`` (param ``url``) unless ``url`` is an allowed ipc URL, or
+        a ``tcp://HOST:PORT`` one whose host is loopback or allowed (:meth:`check_handshake`)."""
         require_printable(url, "url")
+        if url.startswith("tcp://"):
+            self._check_tcp(url, "url", "a tcp:// worker URL")
+            return
         if not url.startswith("ipc://") or len(url) == len("ipc://"):
-            raise ValidationError(f"url must be ipc://<absolute path>, got {url!r}", param="url")
+            raise ValidationError(
+                f"url must be ipc://<absolute path> or tcp://HOST:PORT, got {url!r}", param="url"
+            )
         path = url[len("ipc://") :]
         if path.startswith("@"):
             raise ValidationError(
@@ -130,20 +137,27 @@ class WorkerConfinement:
             raise ValidationError(
                 f"zmq_handshake_address must be a tcp:// address, got {address!r}", param=param
             )
+        self._check_tcp(address, param, param, any_port=True)
+
+    def _check_tcp(self, address: str, param: str, what: str, *, any_port: bool = False) -> None:
         host, sep, port = address[len("tcp://") :].rpartition(":")
-        valid_port = port == "*" or (port.isascii() and port.isdigit() and 0 < int(port) < 65536)
+        valid_port = (any_port and port == "*") or (
+            port.isascii() and port.isdigit() and 0 < int(port) < 65536
+        )
         if not sep or not host or not valid_port:
+            raise ValidationError(f"{what} must be tcp://HOST:PORT, got {address!r}", param=param)
+        if not self.host_allowed(host):
             raise ValidationError(
-                f"zmq_handshake_address must be tcp://HOST:PORT, got {address!r}", param=param
-            )
-        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-        if not is_loopback_host(host) and bare.lower() not in self.engine_hosts:
-            raise ValidationError(
-                f"zmq_handshake_address host {host!r} is not a loopback address, so the "
-                "handshake port would be reachable from other hosts; name the host in "
+                f"{what} host {host!r} is not a loopback address, so the "
+                "port would be reachable from other hosts; name the host in "
                 "--allowed-engine-hosts to allow it",
                 param=param,
             )
+
+    def host_allowed(self, host: str) -> bool:
+        """``host`` (a bind host, or an engine's peer address) is loopback or allowed."""
+        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        return is_loopback_host(host) or bare.lower() in self.engine_hosts
 
     def check_model_path(self, path: str) -> None:
         """Raise ``ModelPathError`` unless ``path`` lies lexically inside a model root (the

@@ -31,6 +31,7 @@ from smg_trio.tokenizer.eos import resolve_eos
 from smg_trio.tokenizer.hub import HubModelError, is_hub_id, resolve_hub_model
 from smg_trio.tokenizer.modeldir import ModelDir
 from smg_trio.transport.handshake import READY_TIMEOUT_S
+from smg_trio.transport.tcp import TcpOptions, is_wildcard_host
 from smg_trio.transport.topology import HandshakeSocket, bind_handshake_socket
 from smg_trio.worker.confine import WorkerConfinement, escape, require_printable
 from smg_trio.worker.jobs import (
@@ -269,6 +270,7 @@ class WorkerManager:
         worker_wait_timeout_s: float = WORKER_WAIT_TIMEOUT_S,
         model_grace_s: float = MODEL_GRACE_S,
         client_count: int = 1,
+        tcp: TcpOptions | None = None,
     ) -> None:
         self._nursery = nursery
         #: Frontend clients per engine (``--api-server-count`` + 1 under a supervisor): this
@@ -276,6 +278,12 @@ class WorkerManager:
         self.client_count = client_count
         #: What worker specs may touch (default: :meth:`WorkerConfinement.default`).
         self.confinement = confinement or WorkerConfinement.default()
+        tcp = tcp or TcpOptions()
+        #: How ``tcp://`` workers are set up; their engines may connect from loopback and the
+        #: confinement's engine hosts.
+        self.tcp = attrs.evolve(
+            tcp, allowed_hosts=(*tcp.allowed_hosts, *self.confinement.engine_hosts)
+        )
         self.policy: LoadBalancingPolicy = make_policy(policy)
         self.ready_timeout_s = ready_timeout_s
         self.silence_timeout_s = silence_timeout_s
@@ -451,6 +459,14 @@ class WorkerManager:
             raise ValidationError(
                 str(exc), param="url" if "URL" in str(exc) else "zmq_handshake_address"
             ) from exc
+        if addrs.is_tcp and self.tcp.advertise_host is None:
+            host = spec.url.removeprefix("tcp://").rpartition(":")[0]
+            if is_wildcard_host(host):
+                raise ValidationError(
+                    f"url {spec.url!r} binds every interface, which engines cannot dial; "
+                    "set --zmq-advertise-host to the address they should use",
+                    param="url",
+                )
         model_id = _model_id_for(spec)
         if spec.model_path is None and self.get_model(model_id) is None:
             raise ValidationError(
@@ -760,6 +776,7 @@ class WorkerManager:
                     ready_timeout_s=self.ready_timeout_s,
                     silence_timeout_s=self.silence_timeout_s,
                     handshake=handshake,
+                    tcp=self.tcp if worker.addresses.is_tcp else None,
                 ) as client:
                     worker.set_client(client)
                     worker.last_error = None

@@ -9,6 +9,7 @@ import pytest
 import trio
 import trio.testing
 
+from smg_trio.connector import client as client_mod
 from smg_trio.errors import RequestStreamClosed
 from smg_trio.mock.engine import MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses
@@ -212,3 +213,62 @@ async def test_every_abort_arrives_when_many_streams_vanish_at_once(
                 assert client.inflight_count == 0
                 assert set(ids) <= set(engine.aborts)
                 engine.aborts.clear()
+
+
+async def test_an_eager_abort_is_sent_at_once_and_only_once(addresses: WorkerAddresses) -> None:
+    # abort_nowait (a client known gone) retires the request and queues its ABORT without a
+    # checkpoint; the generate block then sends no second ABORT when it unwinds.
+    engine = RawEngine(addresses.handshake)
+    with trio.fail_after(IO_DEADLINE_S):
+        async with raw_serving(addresses, engine) as client:
+            async with client.generate(request("gone")) as stream:
+                assert (await _expect(engine, ADD))[0] == "gone"
+                client.abort_nowait(["gone"])
+                assert client.inflight_count == 0
+                assert await _expect(engine, ABORT) == ["gone"]
+                with pytest.raises(RequestStreamClosed):
+                    await stream.__anext__()
+            async with client.generate(request("next", max_tokens=1)) as stream:
+                # the next message after that ABORT is this ADD: no ABORT from the block's exit
+                kind, payload = await engine.recv()
+                assert (kind, payload[0]) == (ADD, "next")
+                await engine.push_vllm(vllm_output("next", [1], 1))
+                assert [o.finish_reason async for o in stream] == ["length"]
+
+
+async def test_an_abort_group_aborts_every_member_in_one_message(
+    addresses: WorkerAddresses,
+) -> None:
+    # The HTTP front's group (client_mod.ABORT_GROUP) collects a request's generate blocks,
+    # those of its fan-out tasks too; abort_now ABORTs them all while the blocks are still
+    # open (before any cancellation has unwound), one message per engine.
+    engine = RawEngine(addresses.handshake)
+    group = client_mod.AbortGroup()
+    token = client_mod.ABORT_GROUP.set(group)
+    try:
+        with trio.fail_after(IO_DEADLINE_S):
+            async with raw_serving(addresses, engine) as client:
+                opened = trio.Semaphore(0)
+                release = trio.Event()
+
+                async def sub(rid: str) -> None:
+                    async with client.generate(request(rid)):
+                        opened.release()
+                        await release.wait()
+
+                async with trio.open_nursery() as nursery:
+                    for rid in ("req-0", "req-1"):
+                        nursery.start_soon(sub, rid)
+                    for _ in range(2):
+                        await opened.acquire()
+                    assert sorted([(await _expect(engine, ADD))[0] for _ in range(2)]) == [
+                        "req-0",
+                        "req-1",
+                    ]
+                    group.abort_now()
+                    assert sorted(await _expect(engine, ABORT)) == ["req-0", "req-1"]
+                    assert client.inflight_count == 0
+                    release.set()
+                assert not group._members
+    finally:
+        client_mod.ABORT_GROUP.reset(token)

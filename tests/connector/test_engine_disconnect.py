@@ -16,7 +16,7 @@ from smg_trio.connector import EngineClient, open_engine_client
 from smg_trio.connector import client as client_mod
 from smg_trio.connector.stream import RequestStream
 from smg_trio.errors import EngineDeadError
-from smg_trio.mock.engine import MockEngineConfig
+from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.types import EngineOutput
 from tests.helpers.deadlines import IO_DEADLINE_S
@@ -156,6 +156,34 @@ async def test_a_reconnect_within_the_grace_fails_nothing(addresses: WorkerAddre
             assert outputs[-1].finish_reason == "length"
             assert client.alive
             assert not client._router.down[0]  # routable again
+            # And it takes new requests over its new connection.
+            async with client.generate(request("after", max_tokens=1)) as stream:
+                await engine.recv_kind(b"\x00")
+                await engine.push_vllm(vllm_output("after", [8], 1))
+                assert [o.new_token_ids for o in await _drain(stream)] == [[8]]
+
+
+@pytest.mark.usefixtures("long_grace")
+async def test_a_request_right_after_a_reconnect_is_delivered(addresses: WorkerAddresses) -> None:
+    # The rank turns routable only once the ROUTER can route to it: marked up at the new
+    # connection's accept, a request sent at once failed with "not connected" (the new pipe
+    # not attached yet) or went into the closed connection's pipe and was lost.
+    engine = RawEngine(addresses.handshake)
+    with trio.fail_after(IO_DEADLINE_S):
+        async with raw_serving(addresses, engine, silence_timeout_s=NO_WATCHDOG_S) as client:
+            inp = engine.sockets.input.raw
+            address = engine.sockets.init.addresses.inputs[0]
+            for i in range(20):
+                inp.disconnect(address)
+                await wait_until(_down_after_disconnect(client, inp))
+                inp.connect(address)
+                await wait_until(_up_after_reconnect(client, inp))
+                rid = f"after-blip-{i}"
+                async with client.generate(request(rid, max_tokens=1)) as stream:
+                    assert (await engine.recv_kind(b"\x00"))[0] == rid
+                    await engine.push_vllm(vllm_output(rid, [8], 1))
+                    assert [o.new_token_ids for o in await _drain(stream)] == [[8]]
+            assert client.alive
 
 
 @pytest.mark.usefixtures("short_grace")
@@ -210,3 +238,35 @@ async def test_only_the_dead_ranks_requests_fail(addresses: WorkerAddresses) -> 
             engines[1].die_silently()
             await client.dead_event.wait()
             assert DISCONNECTED in str(client.dead_reason)
+
+
+@pytest.mark.usefixtures("short_grace")
+async def test_a_restarted_rank_is_readmitted_while_the_others_serve(
+    addresses: WorkerAddresses,
+) -> None:
+    # DP=2, independent ranks: rank 0 dies and is restarted while rank 1 keeps serving. The
+    # restarted engine handshakes as at startup and takes requests again; nothing on rank 1
+    # is touched, and the client never dies.
+    configs = [MockEngineConfig(engine_index=i, step_s=0.005) for i in range(2)]
+    with trio.fail_after(IO_DEADLINE_S):
+        async with (
+            serving(addresses, *configs, silence_timeout_s=NO_WATCHDOG_S) as (client, engines),
+            trio.open_nursery() as nursery,
+        ):
+            async with client.generate(request("on1", max_tokens=100_000, rank=1)) as s1:
+                await s1.__anext__()
+                slot = client.ranks.index(0)  # slots are in HELLO order
+                engines[0].die_silently()
+                await wait_until(lambda: slot in client._lost)
+                restarted = MockEngine(addresses.handshake, configs[0])
+                nursery.start_soon(restarted.run)
+                await wait_until(lambda: slot not in client._lost)
+                assert sorted(client.ranks) == [0, 1]
+                async with client.generate(request("pinned0", max_tokens=3, rank=0)) as s0:
+                    outputs = await _drain(s0)
+                assert outputs[-1].finish_reason == "length"
+                assert restarted.aborts == []
+                # rank 1's long request was never disturbed
+                assert (await s1.__anext__()).finish_reason is None
+            assert client.alive
+            nursery.cancel_scope.cancel()

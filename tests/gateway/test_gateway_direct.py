@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import trio
 
+from smg_trio.gateway.http.fastroute import AsgiRequest
 from smg_trio.gateway.server.direct import DirectSocket
 from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
 from tests.helpers.raw_sse import RawSSE
@@ -139,6 +140,30 @@ async def test_disconnect_while_writes_are_direct_aborts_the_engine(
             rid = h.engine.requests[0].request_id
             await h.wait_aborted([rid])
             assert h.client.inflight_count == 0  # retired before the ABORT was sent
+
+
+async def test_a_failed_direct_write_aborts_the_engine_from_the_output_loop(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first sign of a vanished client is often a direct write failing (EPIPE or
+    ECONNRESET): the output loop ABORTs the engine request right there, without waiting for
+    the request's task to be woken, fail its own write and unwind. Here the disconnect watcher
+    never fires, so that failed write is the only way the engine can learn of it."""
+
+    async def never(self: AsgiRequest) -> None:
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(AsgiRequest, "_watch_disconnect", never)
+    spy = WriteSpy(monkeypatch)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(step_s=0.002) as h:
+            sse = await RawSSE.post(h.base_url, "/v1/chat/completions", chat(2000, stream=True))
+            await sse.until(lambda evs: len(evs) >= 5)
+            assert spy.whole > 0
+            await sse.aclose()
+            rid = h.engine.requests[0].request_id
+            await h.wait_aborted([rid])
+            assert h.client.inflight_count == 0
 
 
 async def test_without_a_direct_socket_the_stream_is_the_same(

@@ -211,7 +211,8 @@ async def test_validation_errors(ns: IpcNamespace, model_dir: Path) -> None:
                 "unknown tool call parser 'nope'; valid names: ",
             )
             assert err["param"] == "tool_call_parser"
-            assert "hermes" in err["message"] and "deepseek_v3" in err["message"]
+            assert "hermes" in err["message"]
+            assert "deepseek_v3" in err["message"]
             assert_envelope(
                 await http.post("/workers", json=body(ns, "a", model_dir, bogus=1)), 400
             )

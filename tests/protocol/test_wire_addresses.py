@@ -96,11 +96,20 @@ def test_worker_addresses_reject_a_non_tcp_override(override: str) -> None:
         worker_addresses("ipc:///tmp/smg-zmq/ts0.ipc", override)
 
 
-@pytest.mark.parametrize(
-    "url", ["tcp://127.0.0.1:5555", "http://localhost:8000", "/tmp/x.ipc", "ipc://", "IPC:///x"]
-)
+@pytest.mark.parametrize("url", ["http://localhost:8000", "/tmp/x.ipc", "ipc://", "IPC:///x"])
 def test_non_ipc_worker_urls_are_rejected(url: str) -> None:
     with pytest.raises(WorkerAddressError, match="ipc://"):
         worker_addresses(url)
     with pytest.raises(ValueError, match="ipc://"):  # WorkerAddressError is a ValueError
         ipc_path(url)
+
+
+@pytest.mark.parametrize("url", ["tcp://127.0.0.1", "tcp://127.0.0.1:*", "tcp://:5555"])
+def test_tcp_worker_urls_need_host_and_port(url: str) -> None:
+    with pytest.raises(WorkerAddressError, match="tcp://HOST:PORT"):
+        worker_addresses(url)
+
+
+def test_a_tcp_worker_url_is_not_an_ipc_path() -> None:
+    with pytest.raises(WorkerAddressError, match="ipc://"):
+        ipc_path("tcp://127.0.0.1:5555")

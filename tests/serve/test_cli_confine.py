@@ -134,3 +134,26 @@ def test_startup_log(caplog: pytest.LogCaptureFixture) -> None:
     caplog.clear()
     _log_admin_access(GatewayConfig(allow_insecure_admin=True), "key")
     assert not caplog.records
+
+
+def test_tcp_worker_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = _config(_launch())
+    assert defaults.zmq_advertise_host is None
+    assert defaults.zmq_heartbeat_interval_s == 1.0
+    assert defaults.zmq_heartbeat_timeout_s == 5.0
+    monkeypatch.setenv("SMG_TRIO_ZMQ_HEARTBEAT_TIMEOUT_SECS", "2.5")
+    config = _config(
+        _launch("--zmq-advertise-host", "gw.example", "--zmq-heartbeat-interval-secs", "0.5")
+    )
+    assert config.zmq_advertise_host == "gw.example"
+    assert config.zmq_heartbeat_interval_s == 0.5
+    assert config.zmq_heartbeat_timeout_s == 2.5
+
+
+def test_a_startup_tcp_worker_host_counts_as_allowed() -> None:
+    model = str(default_tiny_model_dir())
+    config = _config(["launch", "--worker-urls", "tcp://10.0.0.9:7100", "--model-path", model])
+    conf = _confinement(config)
+    conf.check_url("tcp://10.0.0.9:7100")
+    assert conf.host_allowed("10.0.0.9")
+    assert not conf.host_allowed("10.0.0.10")

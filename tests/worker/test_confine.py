@@ -27,7 +27,9 @@ def conf() -> WorkerConfinement:
     return WorkerConfinement(socket_dirs=(SOCK,), model_dirs=(MODELS,))
 
 
-@pytest.mark.parametrize("url", [f"ipc://{SOCK}/w", f"ipc://{SOCK}/sub/dir/w"])
+@pytest.mark.parametrize(
+    "url", [f"ipc://{SOCK}/w", f"ipc://{SOCK}/sub/dir/w", "tcp://127.0.0.1:5555", "tcp://[::1]:7"]
+)
 def test_urls_under_the_socket_dir_pass(conf: WorkerConfinement, url: str) -> None:
     conf.check_url(url)
 
@@ -46,7 +48,11 @@ def test_urls_under_the_socket_dir_pass(conf: WorkerConfinement, url: str) -> No
         ("ipc:///tmp/w", "outside the allowed socket directories"),
         (f"ipc://{SOCK}-other/w", "outside the allowed socket directories"),
         (f"ipc://{SOCK}", "outside the allowed socket directories"),
-        ("tcp://127.0.0.1:5555", "ipc://"),
+        ("tcp://10.0.0.5:5555", "--allowed-engine-hosts"),  # a remote bind must be named
+        ("tcp://0.0.0.0:5555", "--allowed-engine-hosts"),
+        ("tcp://127.0.0.1:*", "tcp://HOST:PORT"),  # engines must know the port
+        ("tcp://127.0.0.1", "tcp://HOST:PORT"),
+        ("http://127.0.0.1:5555", "ipc://"),
         ("ipc://", "ipc://"),
         (f"ipc://{SOCK}/w\nINFO forged line", "control characters"),
         (f"ipc://{SOCK}/w\x1b[2J", "control characters"),
@@ -59,6 +65,13 @@ def test_bad_urls_are_refused_naming_url(conf: WorkerConfinement, url: str, need
     assert needle in err.value.message
     assert "\n" not in err.value.message
     assert "\x1b" not in err.value.message
+
+
+def test_an_allowed_engine_host_may_bind_a_tcp_worker() -> None:
+    conf = WorkerConfinement(socket_dirs=(SOCK,), model_dirs=(MODELS,), engine_hosts=("10.0.0.5",))
+    conf.check_url("tcp://10.0.0.5:5555")
+    assert conf.host_allowed("10.0.0.5")
+    assert not conf.host_allowed("10.0.0.6")
 
 
 def test_extra_allowed_socket_dirs(conf: WorkerConfinement) -> None:

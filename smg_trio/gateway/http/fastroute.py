@@ -21,6 +21,7 @@ from quart import Response
 from quart.wrappers.response import DataBody
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
+from smg_trio.connector.client import ABORT_GROUP, AbortGroup
 from smg_trio.gateway.http.call import json_response
 from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.gateway.server.asgi_shield import Receive, Scope, Send
@@ -54,6 +55,7 @@ class AsgiRequest:
     """
 
     __slots__ = (
+        "_aborts",
         "_body",
         "_max_body",
         "_nursery",
@@ -73,7 +75,9 @@ class AsgiRequest:
         *,
         max_body: int | None,
         body_timeout_s: float | None,
+        aborts: AbortGroup | None = None,
     ) -> None:
+        self._aborts = aborts
         headers = _Headers()
         for name, value in scope["headers"]:
             key = name.decode("latin-1").lower()
@@ -129,6 +133,10 @@ class AsgiRequest:
         (hypercorn also sends ``http.disconnect`` once the response is complete)."""
         while (await self._receive())["type"] != "http.disconnect":
             pass
+        if self._aborts is not None:
+            # ABORT the engine requests first: the cancellation unwinds afterwards, which under
+            # a disconnect storm (many handlers at once) takes tens of milliseconds.
+            self._aborts.abort_now()
         self._nursery.cancel_scope.cancel()
 
 
@@ -164,25 +172,31 @@ class InferenceRoutes:
         await self.app(scope, receive, send)
 
     async def _serve(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
-        async with trio.open_nursery() as nursery:
-            request = AsgiRequest(
-                scope,
-                receive,
-                nursery,
-                max_body=self._max_body,
-                body_timeout_s=self._body_timeout_s,
-            )
-            try:
-                response = await handler(request)
-            except Exception as exc:
-                err = to_api_error(exc)
-                response = json_response(err.status, err.body(), headers=err.headers)
-            body = response.response
-            if type(body) is DataBody:
-                await _send_whole(scope, send, response, body.data)
-            else:
-                await self._send_response(scope, send, response)
-            nursery.cancel_scope.cancel()
+        aborts = AbortGroup()
+        token = ABORT_GROUP.set(aborts)  # the generate blocks of this request join it
+        try:
+            async with trio.open_nursery() as nursery:
+                request = AsgiRequest(
+                    scope,
+                    receive,
+                    nursery,
+                    max_body=self._max_body,
+                    body_timeout_s=self._body_timeout_s,
+                    aborts=aborts,
+                )
+                try:
+                    response = await handler(request)
+                except Exception as exc:
+                    err = to_api_error(exc)
+                    response = json_response(err.status, err.body(), headers=err.headers)
+                body = response.response
+                if type(body) is DataBody:
+                    await _send_whole(scope, send, response, body.data)
+                else:
+                    await self._send_response(scope, send, response)
+                nursery.cancel_scope.cancel()
+        finally:
+            ABORT_GROUP.reset(token)
 
 
 async def _send_whole(scope: Scope, send: Send, response: Response, data: bytes) -> None:

@@ -250,8 +250,20 @@ class StreamBody(ResponseBody):
                     self._raw_tail = tail
                     self._lot.unpark_all()
                 return
+            if self._direct.broken:
+                self._client_gone()
         self._outbox.append(data)
         self._lot.unpark_all()
+
+    def _client_gone(self) -> None:
+        """A direct write found the client gone: ABORT the engine request now, from the output
+        loop (coalesced with the batch's other ABORTs), rather than after this request's task
+        has been woken, failed its write and unwound. The writer still ends the response."""
+        stream = self._stream
+        assert stream is not None
+        stream.set_waker(None)
+        self._direct_on = False
+        self._client.abort_nowait([stream.request_id])
 
     async def _next_multi(self) -> bytes:
         while True:

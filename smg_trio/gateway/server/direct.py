@@ -24,6 +24,7 @@ not at import time.
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import os
@@ -68,7 +69,7 @@ class DirectSocket:
     Use :meth:`of` to get one; it is only valid for the response whose ``send`` it came from.
     """
 
-    __slots__ = ("_proto", "_socket", "_stream", "_tcp")
+    __slots__ = ("_proto", "_socket", "_stream", "_tcp", "broken")
 
     def __init__(
         self, stream: HTTPStream, proto: H11Protocol, tcp: TCPServer, socket: trio.SocketStream
@@ -77,6 +78,10 @@ class DirectSocket:
         self._proto = proto
         self._tcp = tcp
         self._socket = socket
+        #: The client is gone: a write failed with ``EPIPE``/``ECONNRESET``, or hypercorn saw
+        #: the connection close. The output loop learns it here, before the request's task
+        #: has been woken and unwound.
+        self.broken = False
 
     @classmethod
     def of(cls, server_send: object) -> DirectSocket | None:
@@ -113,7 +118,10 @@ class DirectSocket:
         it through ASGI, which also reports a broken connection the usual way.
         """
         tcp = self._tcp
-        if tcp.send_lock.locked() or self._stream.closed:
+        if self._stream.closed:  # hypercorn saw the connection close (read side)
+            self.broken = True
+            return None
+        if tcp.send_lock.locked():
             return None
         fd = self._socket.socket.fileno()  # re-read: -1 once closed (a cached fd may be reused)
         if fd < 0:
@@ -121,7 +129,9 @@ class DirectSocket:
         frame = frame_chunk(data)
         try:
             sent = os.write(fd, frame)
-        except OSError:  # EAGAIN, EPIPE, ECONNRESET...: the ASGI path handles each
+        except OSError as exc:  # EAGAIN, EPIPE, ECONNRESET...: the ASGI path handles each
+            if exc.errno in _GONE:
+                self.broken = True
             return None
         return frame[sent:]
 
@@ -173,6 +183,10 @@ class DirectSocket:
         """Send already-framed bytes (a partial chunk's tail) through hypercorn's own locked,
         shielded socket write, which waits for room and handles a broken connection."""
         await self._tcp.protocol_send(RawData(data=data))
+
+
+#: ``write(2)`` errors that mean the peer is gone (not "try again").
+_GONE: Final = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ESHUTDOWN})
 
 
 def _probe() -> list[str]:
