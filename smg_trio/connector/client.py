@@ -828,7 +828,11 @@ async def open_engine_client(
     """
     if addresses.client_index != 0:
         raise ValueError("only client 0 runs the handshake; the others attach")
-    others = list(zip(addresses.inputs[1:], addresses.outputs[1:], strict=True))
+    others = (
+        list(zip(addresses.inputs[1:], addresses.outputs[1:], strict=True))
+        if addresses.client_count > 1
+        else []
+    )
     async with bind_worker_sockets(addresses, handshake=handshake, tcp=tcp) as sockets:
         engines = await run_handshake(
             sockets,
