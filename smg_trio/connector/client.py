@@ -490,8 +490,6 @@ class EngineClient:
                 log.warning("input socket monitor failed (%s); relying on the watchdog", exc)
 
     def _on_connection_event(self, event: ConnectionEvent) -> None:
-        if event.handshaken:
-            return  # the accept already counted
         fd = event.fd
         log.debug("input monitor: %s fd %d", event.kind, fd)
         if event.kind == "closed":
