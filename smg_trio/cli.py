@@ -680,7 +680,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             )
     tok_revision = args.tokenizer_revision or args.revision
     if args.discovery_provider == "file" and not args.discovery_file:
-        raise SystemExit("smg_trio: error: --discovery-provider file needs --discovery-file FILE")
+        _usage_error("--discovery-provider file needs --discovery-file FILE")
     if args.command == "serve":
         if args.worker_base_port + args.dp_size - 1 > 65535:
             raise SystemExit(
@@ -743,7 +743,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     # Without --worker-urls the gateway starts empty; workers come from POST /workers or
     # --discovery-file, each with its own model_path (or this one's).
     if args.worker_urls and not args.model_path:
-        raise SystemExit("launch --worker-urls needs --model-path DIR (the gateway tokenizes)")
+        _usage_error("launch --worker-urls needs --model-path DIR (the gateway tokenizes)")
     model_path = args.model_path
     if model_path:
         hub = _resolve_model(model_path, "--model-path", tok_revision)

@@ -621,3 +621,21 @@ def test_tool_call_flag_errors_are_usage_errors(
     if "valid names" in message:
         for name in ("hermes", "llama3_json", "mistral", "pythonic"):
             assert name in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["launch", "--worker-urls", "ipc:///tmp/x/engine"], "needs --model-path DIR"),
+        (["serve", "--discovery-provider", "file"], "needs --discovery-file FILE"),
+    ],
+)
+def test_missing_companion_flags_are_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli._config_from_args(_args(argv), [])  # type: ignore[arg-type]
+    assert exc.value.code == 2  # argparse's usage-error status, as every other flag error
+    err = capsys.readouterr().err
+    assert err.startswith("smg_trio: error: ")
+    assert message in err
