@@ -150,6 +150,8 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     fmt = (text or {}).get("format")
     if fmt is None:
         return None
+    if not isinstance(fmt, dict):
+        raise _bad("text.format must be an object with a 'type'", "text.format", "invalid_type")
     kind = fmt.get("type")
     if kind == "text":
         return None
