@@ -1,4 +1,5 @@
 """Hostile Responses bodies: a ``text.format`` that is not an object is a 400 (not a 500),
+the store is bounded in bytes as well as entries,
 and ``metadata`` (echoed and kept in the store with every response) is held to OpenAI's
 bounds, so stored responses cannot be used to fill the gateway's memory."""
 
@@ -9,6 +10,8 @@ from typing import Any
 import pytest
 import trio
 
+from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.http.app import gateway_of
 from tests.helpers.gateway import DEADLINE_S, HarnessFactory
 
 
@@ -53,3 +56,34 @@ async def test_metadata_within_the_bounds_is_echoed(harness: HarnessFactory) -> 
             assert resp.status_code == 200, resp.text
             stored = await h.http.get(f"/v1/responses/{resp.json()['id']}")
             assert stored.json()["metadata"] == metadata
+
+
+def _schema_format(pad: int) -> dict[str, Any]:
+    schema = {"type": "object", "description": "x" * pad}
+    return {"format": {"type": "json_schema", "name": "n", "schema": schema}}
+
+
+async def test_the_store_is_bounded_in_bytes(harness: HarnessFactory) -> None:
+    """A ``text.format`` schema is echoed and stored with the response and is not bounded by
+    the context: the store keeps at most ``responses_store_max_bytes`` of entries (oldest
+    evicted first; one larger than the budget is not kept), however few entries that is."""
+    config = GatewayHttpConfig(responses_store_max_bytes=250_000)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=config) as h:
+            store = gateway_of(h.app).responses
+            body = {"model": "M", "input": "hi", "max_output_tokens": 1}
+            ids = []
+            for _ in range(3):
+                resp = await h.post("/v1/responses", {**body, "text": _schema_format(100_000)})
+                assert resp.status_code == 200, resp.text
+                ids.append(resp.json()["id"])
+            assert store.nbytes <= 250_000
+            assert (await h.http.get(f"/v1/responses/{ids[0]}")).status_code == 404  # evicted
+            assert (await h.http.get(f"/v1/responses/{ids[2]}")).status_code == 200
+            huge = await h.post("/v1/responses", {**body, "text": _schema_format(300_000)})
+            assert huge.status_code == 200
+            assert (await h.http.get(f"/v1/responses/{huge.json()['id']}")).status_code == 404
+            assert (await h.http.get(f"/v1/responses/{ids[2]}")).status_code == 200
+            assert (await h.http.delete(f"/v1/responses/{ids[2]}")).status_code == 200
+            assert (await h.http.delete(f"/v1/responses/{ids[1]}")).status_code == 200
+            assert store.nbytes == 0

@@ -355,8 +355,11 @@ class ResponsesJob:
                             "function": {"name": item["name"], "arguments": item["arguments"]},
                         }
                     )
-            value = msgspec.json.decode(_encode(response))
-            self.store.put(response.id, StoredResponse(value, [*self.history, said]))
+            encoded = _encode(response)
+            history = [*self.history, said]
+            nbytes = len(encoded) + len(_encode(history))
+            value = msgspec.json.decode(encoded)
+            self.store.put(response.id, StoredResponse(value, history, nbytes))
         return response
 
     def result(self, collected: ChoiceCollector | None) -> ResponseObject:
