@@ -645,7 +645,14 @@ class EngineClient:
         router = self._router
         slot = router.slot_for_index(batch.engine_index)
         if batch.load is not None and slot is not None:
-            router.loads[slot] = batch.load
+            load = batch.load
+            if batch.outputs and not router.inflight[slot]:
+                # Outputs only of requests this client does not own (a previous life's, or
+                # ones it retired): the counts include requests being ABORTed, and no later
+                # stats need reach this client to correct them (vLLM sends them with a
+                # client's own outputs). Shed them, as an emptied rank does on release.
+                load = EngineLoad(0, 0, load.kv_cache_usage)
+            router.loads[slot] = load
         registry = self._registry
         # Ids to tell ABORT again, per engine: one message each (not one task and message per
         # output: under a disconnect storm every retired request's in-flight outputs did that,

@@ -7,6 +7,7 @@ import attrs
 __all__ = [
     "DEFAULT_MAX_CONCURRENT_REQUESTS",
     "DEFAULT_MAX_N",
+    "DEFAULT_RESPONSES_STORE_MAX_BYTES",
     "DEFAULT_RESPONSES_STORE_SIZE",
     "DEFAULT_MAX_SEQUENCES_PER_REQUEST",
     "DEFAULT_QUEUE_SIZE",
@@ -32,6 +33,10 @@ DEFAULT_MAX_N = 16
 #: Responses kept in memory for ``GET /v1/responses/{id}`` and ``previous_response_id``
 #: (``--responses-store-size``; least recently used evicted first; per process).
 DEFAULT_RESPONSES_STORE_SIZE = 1000
+#: The Responses store's byte budget (its entries' encoded sizes): echoed request fields such
+#: as a ``text.format`` JSON schema are not bounded by the context, so 1000 entries alone
+#: could hold 1000 request bodies (32 GiB at the body limit).
+DEFAULT_RESPONSES_STORE_MAX_BYTES = 256 * 1024 * 1024
 #: Most sequences (prompts x ``n``) one request may start: the default prompt limit, so every
 #: batch accepted before with ``n=1`` still is, while 128 prompts x ``n=16`` (2048) is not.
 DEFAULT_MAX_SEQUENCES_PER_REQUEST = 128
@@ -62,7 +67,9 @@ class GatewayHttpConfig:
     """Settings of :func:`~smg_trio.gateway.http.app.create_app`. All limits are inclusive.
 
       - ``responses_store_size``: responses the Responses API keeps (0: none); see
-        :data:`DEFAULT_RESPONSES_STORE_SIZE`.
+        :data:`DEFAULT_RESPONSES_STORE_SIZE`. ``responses_store_max_bytes``: their encoded
+        size together (:data:`DEFAULT_RESPONSES_STORE_MAX_BYTES`; the least recently used go first, a larger one is
+        not kept).
       - ``max_n``: the largest ``n`` accepted (default :data:`DEFAULT_MAX_N`). Larger ``n`` is
         a 400 naming ``n``.
       - ``max_top_logprobs``: cap on chat ``top_logprobs`` and completions ``logprobs``
@@ -97,6 +104,9 @@ class GatewayHttpConfig:
 
     max_n: int = attrs.field(default=DEFAULT_MAX_N, validator=_positive)
     responses_store_size: int = attrs.field(default=DEFAULT_RESPONSES_STORE_SIZE)
+    responses_store_max_bytes: int = attrs.field(
+        default=DEFAULT_RESPONSES_STORE_MAX_BYTES, validator=_positive
+    )
     max_top_logprobs: int = attrs.field(default=20)
     max_prompts: int = attrs.field(default=128, validator=_positive)
     max_body_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive)

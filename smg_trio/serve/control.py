@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -141,6 +142,18 @@ class ControlClient:
         return msgspec.json.decode(resp.content), resp.headers.get("etag", "")
 
 
+def _request_target(path: str, query: bytes) -> str:
+    """``path`` (decoded) percent-encoded again, segment by segment, with ``.`` and ``..``
+    spelled ``%2E``: the HTTP client resolves literal dot segments (``/workers/..`` would go
+    out as ``/``), so an id must not be one."""
+    segments = [
+        seg.replace(".", "%2E") if seg in (".", "..") else quote(seg, safe="")
+        for seg in path.split("/")
+    ]
+    target = "/".join(segments)
+    return f"{target}?{query.decode('latin-1')}" if query else target
+
+
 def admin_proxy_blueprint(control: ControlClient) -> Blueprint:
     """The admin routes of a frontend: each request goes to the supervisor as it came (method,
     path, query, ``Authorization``, body), and its answer comes back as it went, so every
@@ -155,7 +168,7 @@ def admin_proxy_blueprint(control: ControlClient) -> Blueprint:
         }
         body = await request.get_data(as_text=False)
         assert isinstance(body, bytes)
-        path = request.full_path if request.query_string else request.path
+        path = _request_target(request.path, request.query_string)
         try:
             with trio.fail_after(60):
                 resp = await control.forward(request.method, path, headers, body)

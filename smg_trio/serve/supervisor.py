@@ -26,6 +26,7 @@ from smg_trio.gateway.http.app import listen_backlog
 from smg_trio.protocol.addresses import client_data_plane
 from smg_trio.serve.config import GatewayConfig
 from smg_trio.serve.control import FRONTEND_READY
+from smg_trio.transport.sockdir import ensure_ipc_socket_dir
 from smg_trio.worker.manager import WorkerManager
 from smg_trio.worker.shared_load import MAX_WORKER_SLOTS, create_shared_load
 
@@ -51,8 +52,10 @@ FRONTEND_STOP_GRACE_S = 10.0
 @contextmanager
 def run_directory(socket_dir: str) -> Iterator[str]:
     """A private (0700) directory under ``socket_dir`` for one supervisor's control socket,
-    load table and frontend sockets; removed on exit."""
-    os.makedirs(socket_dir, mode=0o700, exist_ok=True)
+    load table and frontend sockets; removed on exit. ``socket_dir`` must pass the ipc socket
+    directory checks first (``SocketDirError``): the run directory holds the frontends' config
+    (API keys) and the control socket they trust."""
+    ensure_ipc_socket_dir(socket_dir)
     path = tempfile.mkdtemp(prefix="smg-trio-run-", dir=socket_dir)
     try:
         yield path

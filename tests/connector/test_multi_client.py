@@ -144,6 +144,44 @@ async def test_a_rebound_client_aborts_its_previous_lifes_requests(
             nursery.cancel_scope.cancel()
 
 
+async def test_a_rebound_client_does_not_keep_its_previous_lifes_load(
+    addresses: WorkerAddresses,
+) -> None:
+    """The outputs a restarted frontend finds queued for it (its previous life's requests) carry
+    the engine's stats of then; once those orphans are ABORTed no later stats need reach this
+    client (vLLM sends them with a client's own outputs), so they must not stay its load view
+    (they did: the merged /metrics showed the dead frontend's streams as running for good)."""
+    multi = attrs.evolve(addresses, client_count=2)
+    engine = MockEngine(multi.handshake, MockEngineConfig(step_s=0.005))
+    with trio.fail_after(IO_DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(engine.run)
+            async with open_engine_client(
+                VllmProtocol(), multi, ready_timeout_s=READY_TIMEOUT_S
+            ) as first:
+                second_addresses = multi.for_client(1)
+                async with (
+                    attach_engine_client(
+                        VllmProtocol(1), second_addresses, first.engines
+                    ) as second,
+                    AsyncExitStack() as streams,
+                ):
+                    for rid in ("orphan-a", "orphan-b"):
+                        stream = await streams.enter_async_context(
+                            second.generate(request(rid, max_tokens=100_000))
+                        )
+                        await stream.__anext__()
+                    second.kill("simulated frontend crash")
+                async with attach_engine_client(
+                    VllmProtocol(1), second_addresses, first.engines
+                ) as again:
+                    while not {"orphan-a", "orphan-b"} <= set(engine.aborts):
+                        await engine.abort_event.wait()
+                    assert [load.num_running for load in again.load()] == [0]
+                    assert again.inflight_count == 0
+            nursery.cancel_scope.cancel()
+
+
 async def test_stats_reach_one_client_and_the_others_still_route(
     addresses: WorkerAddresses,
 ) -> None:

@@ -119,7 +119,9 @@ class Gateway:
         )
         self.tokenizer_limiter = trio.CapacityLimiter(TOKENIZER_THREADS)
         #: The Responses API's stored responses (per process: see docs/responses.md).
-        self.responses = ResponseStore(config.responses_store_size)
+        self.responses = ResponseStore(
+            config.responses_store_size, config.responses_store_max_bytes
+        )
         metrics.watch_admission(self.admission)
         metrics.watch_backend(backend)
 

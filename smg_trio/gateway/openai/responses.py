@@ -145,11 +145,39 @@ def _chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, An
     )
 
 
+#: OpenAI's bounds on ``metadata``: it is echoed and kept in the store with every response,
+#: so an unbounded one would let a client fill memory (1000 stored responses x the body limit).
+METADATA_MAX_PAIRS = 16
+METADATA_MAX_KEY = 64
+METADATA_MAX_VALUE = 512
+
+
+def _check_metadata(metadata: dict[str, Any] | None) -> None:
+    """OpenAI's rule: at most 16 pairs, string keys of at most 64 characters, string values
+    of at most 512."""
+    if not metadata:
+        return
+    if len(metadata) > METADATA_MAX_PAIRS:
+        raise _bad(
+            f"metadata has {len(metadata)} pairs; at most {METADATA_MAX_PAIRS} are allowed",
+            "metadata",
+        )
+    for key, value in metadata.items():
+        if len(key) > METADATA_MAX_KEY:
+            raise _bad(f"metadata keys are at most {METADATA_MAX_KEY} characters", "metadata")
+        if not isinstance(value, str):
+            raise _bad(f"metadata[{key!r}] must be a string", "metadata", "invalid_type")
+        if len(value) > METADATA_MAX_VALUE:
+            raise _bad(f"metadata values are at most {METADATA_MAX_VALUE} characters", "metadata")
+
+
 def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     """``text.format`` as chat's ``response_format`` (a structured-output constraint)."""
     fmt = (text or {}).get("format")
     if fmt is None:
         return None
+    if not isinstance(fmt, dict):
+        raise _bad("text.format must be an object with a 'type'", "text.format", "invalid_type")
     kind = fmt.get("type")
     if kind == "text":
         return None
@@ -178,6 +206,7 @@ class ResponsesApi:
             raise _bad("background responses are not supported", "background", "unsupported_field")
         if body.truncation not in (None, "disabled"):
             raise _bad("truncation 'auto' is not supported", "truncation", "unsupported_field")
+        _check_metadata(body.metadata)
         history: list[dict[str, Any]] = []
         if body.previous_response_id is not None:
             entry = None if self.store is None else self.store.get(body.previous_response_id)
@@ -326,8 +355,11 @@ class ResponsesJob:
                             "function": {"name": item["name"], "arguments": item["arguments"]},
                         }
                     )
-            value = msgspec.json.decode(_encode(response))
-            self.store.put(response.id, StoredResponse(value, [*self.history, said]))
+            encoded = _encode(response)
+            history = [*self.history, said]
+            nbytes = len(encoded) + len(_encode(history))
+            value = msgspec.json.decode(encoded)
+            self.store.put(response.id, StoredResponse(value, history, nbytes))
         return response
 
     def result(self, collected: ChoiceCollector | None) -> ResponseObject:

@@ -1,0 +1,45 @@
+"""The supervisor's run directory (``--api-server-count`` above 1: control socket, the
+frontends' config with the API keys, the load table) is made only under a socket directory
+that passed the socket-directory checks. It was made with ``os.makedirs`` and ``mkdtemp``
+before any check: under ``launch`` (whose worker URLs may live elsewhere, so nothing checks
+the default ``/tmp/smg-zmq-<uid>``) a local user who pre-created that directory could swap the
+run directory before the frontends start and hand them their own config and control socket."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from smg_trio.errors import SocketDirError
+from smg_trio.serve.supervisor import run_directory
+
+
+def test_a_world_writable_parent_is_refused_and_nothing_is_made(tmp_path: Path) -> None:
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    parent.chmod(0o777)  # no sticky bit: anyone could rename what we make here
+    with pytest.raises(SocketDirError), run_directory(str(parent / "sock")):
+        pass
+    assert list(parent.iterdir()) == []
+
+
+def test_a_symlinked_socket_dir_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(SocketDirError), run_directory(str(link)):
+        pass
+    assert list(real.iterdir()) == []
+
+
+def test_a_private_socket_dir_gets_a_private_run_dir_removed_at_exit(tmp_path: Path) -> None:
+    sock = tmp_path / "sock"
+    with run_directory(str(sock)) as run_dir:
+        assert os.path.dirname(run_dir) == str(sock)
+        assert stat.S_IMODE(os.lstat(sock).st_mode) == 0o700
+        assert stat.S_IMODE(os.lstat(run_dir).st_mode) == 0o700
+    assert not os.path.exists(run_dir)
