@@ -294,3 +294,27 @@ async def test_any_and_tool_constrain_the_engine_and_answer_tool_use(
             assert any_schema["maxItems"] == 1
             named_schema = _structured(h.engine.requests[1].raw)["json"]
             assert named_schema == WEATHER_TOOL["input_schema"]
+
+
+async def test_unknown_subpaths_and_wrong_methods_use_anthropics_envelope(
+    harness: HarnessFactory,
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            batches = await h.post("/v1/messages/batches", {"requests": []})
+            assert batches.status_code == 404
+            body = batches.json()
+            assert body["type"] == "error"
+            assert body["error"]["type"] == "not_found_error"
+            assert "/v1/messages/batches" in body["error"]["message"]
+            wrong = await h.http.get("/v1/messages")
+            assert wrong.status_code == 405
+            body = wrong.json()
+            assert body["type"] == "error"
+            assert body["error"]["type"] == "invalid_request_error"
+            assert "POST" in wrong.headers["allow"]
+            # the OpenAI routes keep OpenAI's envelope
+            other = await h.http.get("/v1/chat/completions")
+            assert other.status_code == 405
+            assert other.json()["error"]["type"] == "invalid_request_error"
+            assert "type" not in other.json()

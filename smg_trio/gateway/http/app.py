@@ -24,7 +24,7 @@ from smg_trio.gateway.http.metrics import GatewayMetrics
 from smg_trio.gateway.http.openapi import OPERATIONS, Operation, openapi_document
 from smg_trio.gateway.http.routes import UNSERVED_PREFIXES, Route, inference_routes
 from smg_trio.gateway.http.sse import StreamBody
-from smg_trio.gateway.openai.errors import ApiError, to_api_error
+from smg_trio.gateway.openai.errors import ApiError, anthropic_envelope, to_api_error
 from smg_trio.gateway.openai.models import model_detail, model_list
 from smg_trio.gateway.openai.responses_schemas import ResponseDeleted
 from smg_trio.gateway.openai.tokens import VersionResponse
@@ -46,6 +46,9 @@ DEFAULT_BACKLOG = 4096
 
 #: ``app.extensions`` key holding the app's :class:`~smg_trio.gateway.http.call.Gateway`.
 GATEWAY_KEY = "smg_trio.gateway"
+
+#: Anthropic's route: a 404 or 405 under it answers in Anthropic's error envelope.
+MESSAGES_PATH = "/v1/messages"
 
 
 class _Connection(TrioASGIHTTPConnection):
@@ -255,7 +258,10 @@ def create_app(
             else:
                 message = f"no endpoint {path!r}; served endpoints: {served_endpoints()}"
         err = ApiError(status, message, code=code)
-        resp = json_response(status, err.body(), gw.request_id(_current()))
+        path = _current().path
+        anthropic = path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+        body = anthropic_envelope(err) if anthropic else err.body()
+        resp = json_response(status, body, gw.request_id(_current()))
         if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
             resp.headers["Allow"] = ", ".join(sorted(exc.valid_methods))  # RFC 9110 15.5.6
         return resp
