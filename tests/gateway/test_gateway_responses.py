@@ -159,6 +159,7 @@ async def test_max_output_tokens_is_incomplete(harness: HarnessFactory, tok: Tok
     ("extra", "param", "word"),
     [
         ({"background": True}, "background", "background"),
+        ({"n": 3}, "n", "n is not supported"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]", "web_search"),
         ({"tools": [{"type": "code_interpreter"}]}, "tools[0]", "code_interpreter"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type", "item_reference"),

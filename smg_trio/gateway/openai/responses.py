@@ -204,6 +204,12 @@ class ResponsesApi:
         """The chat request this is (with the stored conversation before it)."""
         if body.background:
             raise _bad("background responses are not supported", "background", "unsupported_field")
+        if body.n not in (None, 1):
+            raise _bad(
+                "n is not supported: a response has one output (send one request per output)",
+                "n",
+                "unsupported_field",
+            )
         if body.truncation not in (None, "disabled"):
             raise _bad("truncation 'auto' is not supported", "truncation", "unsupported_field")
         _check_metadata(body.metadata)

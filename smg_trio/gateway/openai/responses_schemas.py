@@ -13,7 +13,7 @@ __all__ = ["ResponseDeleted", "ResponseObject", "ResponsesRequest"]
 
 class ResponsesRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/responses``. ``input`` is a string or a list of items; ``store`` defaults
-    to true, as OpenAI's. Unknown fields are ignored; ``background`` is refused."""
+    to true, as OpenAI's. Unknown fields are ignored; ``background`` and ``n`` other than 1 are refused."""
 
     model: str | None = None
     input: str | list[dict[str, Any]]
@@ -33,6 +33,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     truncation: str | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
+    #: Not OpenAI's (a response has one output): read only to refuse anything but 1.
+    n: int | None = None
 
 
 class ResponseObject(msgspec.Struct, kw_only=True):
