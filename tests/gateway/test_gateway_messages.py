@@ -318,3 +318,22 @@ async def test_unknown_subpaths_and_wrong_methods_use_anthropics_envelope(
             assert other.status_code == 405
             assert other.json()["error"]["type"] == "invalid_request_error"
             assert "type" not in other.json()
+
+
+@pytest.mark.parametrize("role", ["user", "assistant"])
+async def test_a_text_block_without_string_text_names_the_text_field(
+    harness: HarnessFactory, role: str
+) -> None:
+    messages: list[Any] = [{"role": role, "content": [{"type": "text", "text": 5}]}]
+    if role == "assistant":
+        messages = [*HI, *messages]
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            resp = await h.post(
+                "/v1/messages", {"model": "M", "max_tokens": 4, "messages": messages}
+            )
+            assert resp.status_code == 400, resp.text
+            message = resp.json()["error"]["message"]
+            where = len(messages) - 1
+            assert message.startswith(f"messages[{where}].content[0].text:"), message
+            assert h.engine.requests == []

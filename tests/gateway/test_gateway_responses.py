@@ -168,6 +168,12 @@ async def test_max_output_tokens_is_incomplete(harness: HarnessFactory, tok: Tok
             "input[0].content[0].type",
             "input_image",
         ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+            "input[0].content[0].text",
+            "text is required",
+        ),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input", "reasoning"),
     ],
 )
 async def test_unsupported_is_a_400_naming_it(

@@ -39,19 +39,23 @@ def _bad(message: str, param: str, code: str = "invalid_value") -> ValidationErr
     return ValidationError(message, param=param, code=code)
 
 
+def _block_text(block: Any, where: str) -> str:
+    """The text of one ``text`` block at ``where`` (a 400 naming its ``type`` or ``text``)."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind != "text":
+        raise _bad(f"only text blocks are supported here, got {kind!r}", f"{where}.type")
+    if not isinstance(block.get("text"), str):
+        raise _bad("a text block needs a string text", f"{where}.text", "invalid_type")
+    return str(block["text"])
+
+
 def _text_of(content: Any, param: str) -> str:
     """The text of a string or a list of ``text`` blocks."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise _bad("content must be a string or a list of blocks", param, "invalid_type")
-    parts = []
-    for j, block in enumerate(content):
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind != "text" or not isinstance(block.get("text"), str):
-            raise _bad(f"only text blocks are supported here, got {kind!r}", f"{param}[{j}].type")
-        parts.append(block["text"])
-    return "".join(parts)
+    return "".join(_block_text(block, f"{param}[{j}]") for j, block in enumerate(content))
 
 
 def _user_blocks(content: list[Any], param: str) -> list[dict[str, Any]]:
@@ -63,7 +67,7 @@ def _user_blocks(content: list[Any], param: str) -> list[dict[str, Any]]:
         where = f"{param}[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            texts.append(_text_of([block], where))
+            texts.append(_block_text(block, where))
         elif kind == "tool_result":
             if not isinstance(block.get("tool_use_id"), str):
                 raise _bad("tool_result needs a tool_use_id", f"{where}.tool_use_id")
@@ -88,7 +92,7 @@ def _assistant_blocks(content: list[Any], param: str) -> dict[str, Any]:
         where = f"{param}[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            texts.append(_text_of([block], where))
+            texts.append(_block_text(block, where))
         elif kind == "thinking":
             thinking.append(str(block.get("thinking", "")))
         elif kind == "redacted_thinking":

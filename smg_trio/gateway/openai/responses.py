@@ -63,10 +63,14 @@ def _content_text(content: Any, param: str) -> str:
     parts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text", "text") or not isinstance(
-            part.get("text"), str
-        ):
+        if kind not in ("input_text", "output_text", "text"):
             raise _bad(f"content part type {kind!r} is not supported", f"{param}[{j}].type")
+        if not isinstance(part.get("text"), str):
+            raise _bad(
+                f"text is required: a {kind!r} part needs a string text",
+                f"{param}[{j}].text",
+                "invalid_type",
+            )
         parts.append(part["text"])
     return "".join(parts)
 
@@ -117,6 +121,12 @@ def to_chat_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         else:
             raise _bad(f"input item type {kind!r} is not supported", f"{param}.type")
+    if not out:  # only reasoning items: nothing to render
+        raise _bad(
+            "input must contain a message, function_call or function_call_output item "
+            "(reasoning items are not rendered)",
+            "input",
+        )
     return out
 
 
