@@ -3,6 +3,8 @@ endpoints) and known-but-unserved ones (501)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 
@@ -49,6 +51,37 @@ async def test_tokenize_messages_uses_the_chat_template(harness: HarnessFactory)
             both = await h.post("/v1/tokenize", {"messages": MESSAGES, "prompt": "x"})
             assert both.status_code == 400
             assert both.json()["error"]["type"] == "invalid_request_error"
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+            "tools[0].function.parameters",
+        ),
+        ({"tools": [TOOL, TOOL]}, "tools[1].function.name"),
+        (
+            {"messages": [{"role": "user", "content": "hi", "tool_call_id": "c1"}]},
+            "messages[0].tool_call_id",
+        ),
+    ],
+)
+async def test_tokenize_messages_runs_chats_checks(
+    harness: HarnessFactory, extra: dict[str, Any], param: str
+) -> None:
+    body = {"model": "M", "messages": MESSAGES, **extra}
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            chat = await h.post("/v1/chat/completions", {**body, "tool_choice": "none"})
+            assert chat.status_code == 400, chat.text
+            assert chat.json()["error"]["param"] == param
+            tokenized = await h.post("/v1/tokenize", body)
+            assert tokenized.status_code == 400, tokenized.text
+            assert tokenized.json()["error"]["param"] == param
 
 
 @pytest.mark.parametrize("path", ["/detokenize", "/v1/detokenize"])

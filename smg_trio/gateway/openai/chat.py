@@ -31,7 +31,7 @@ from smg_trio.gateway.openai.schemas import (
     ToolCallOut,
 )
 from smg_trio.gateway.openai.textgen import ChoiceCollector, ChoicePipeline, TextDelta
-from smg_trio.gateway.openai.tools import ToolPlan, plan_tools
+from smg_trio.gateway.openai.tools import ToolPlan, plan_tools, tool_specs
 from smg_trio.gateway.openai.translate import (
     LogprobRequest,
     Plan,
@@ -44,7 +44,7 @@ from smg_trio.gateway.openai.translate import (
     resolve_max_tokens,
 )
 
-__all__ = ["CHAT", "ChatApi", "ChatDraft", "ChatJob", "ChatStreamRenderer"]
+__all__ = ["CHAT", "ChatApi", "ChatDraft", "ChatJob", "ChatStreamRenderer", "check_chat_input"]
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -125,6 +125,18 @@ def _check_tool(tool: dict[str, Any], param: str) -> None:
             param=f"{param}.function.parameters",
             code="invalid_type",
         )
+
+
+def check_chat_input(
+    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+) -> None:
+    """Chat's checks of ``messages`` (roles, ``tool_call_id``, content) and ``tools`` (each
+    a function tool, no name twice) before they reach the template; ``/tokenize`` runs them
+    too. Raises ``ValidationError`` (400 naming the field)."""
+    _check_messages(messages)
+    for i, tool in enumerate(tools or ()):
+        _check_tool(tool, f"tools[{i}]")
+    tool_specs(tools or ())
 
 
 class ChatApi:

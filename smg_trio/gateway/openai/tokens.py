@@ -9,6 +9,7 @@ import msgspec
 
 from smg_trio.backend import ServedModel
 from smg_trio.errors import ValidationError
+from smg_trio.gateway.openai.chat import check_chat_input
 
 __all__ = [
     "DetokenizeRequest",
@@ -68,7 +69,8 @@ class VersionResponse(msgspec.Struct):
 
 def tokenize(body: TokenizeRequest, served: ServedModel) -> TokenizeResponse:
     """Encode ``body.prompt``, or render ``body.messages`` with the chat template and encode
-    that. Raises ``ValidationError`` (400) for neither or both, and for options that contradict."""
+    that. Raises ``ValidationError`` (400) for neither or both, for options that contradict,
+    and for messages or tools that chat would refuse (:func:`check_chat_input`)."""
     tok = served.tokenizer
     if (body.prompt is None) == (body.messages is None):
         raise ValidationError(
@@ -87,12 +89,7 @@ def tokenize(body: TokenizeRequest, served: ServedModel) -> TokenizeResponse:
                 param="continue_final_message",
                 code="invalid_value",
             )
-        if not body.messages:
-            raise ValidationError(
-                "messages must contain at least one message",
-                param="messages",
-                code="invalid_value",
-            )
+        check_chat_input(body.messages, body.tools)  # chat answers these with a 400 too
         text = tok.apply_chat_template(
             body.messages,
             tools=body.tools,

@@ -14,7 +14,7 @@ from smg_trio.parsers.tools import ToolParser, ToolSpec, get_tool_parser
 from smg_trio.parsers.tools.constrained import NamedCallParser, RequiredCallsParser
 from smg_trio.protocol.types import StructuredOutputs
 
-__all__ = ["AUTO_NEEDS_FLAGS", "ToolPlan", "plan_tools", "tool_choice_schema"]
+__all__ = ["AUTO_NEEDS_FLAGS", "ToolPlan", "plan_tools", "tool_choice_schema", "tool_specs"]
 
 #: vLLM's message for ``tool_choice: auto`` (explicit, or implied by ``tools``) without the flags.
 AUTO_NEEDS_FLAGS = (
@@ -39,7 +39,7 @@ def _bad(message: str, param: str, code: str = "invalid_value") -> ValidationErr
     return ValidationError(message, param=param, code=code)
 
 
-def _specs(tools: Sequence[dict[str, Any]]) -> list[ToolSpec]:
+def tool_specs(tools: Sequence[dict[str, Any]]) -> list[ToolSpec]:
     """The function specs, refusing a name given twice (the tools were checked before)."""
     seen: dict[str, int] = {}
     out = []
@@ -118,7 +118,7 @@ def plan_tools(
 ) -> ToolPlan:
     """Check ``tool_choice`` against ``tools`` (each already checked as a function tool) and
     the server's flags; raises ``ValidationError`` (400 naming the field)."""
-    specs = _specs(tools or ())
+    specs = tool_specs(tools or ())
     names = {s.name for s in specs}
     max_calls = 1 if parallel_tool_calls is False else None
     parallel = parallel_tool_calls is not False
