@@ -337,3 +337,45 @@ async def test_a_text_block_without_string_text_names_the_text_field(
             where = len(messages) - 1
             assert message.startswith(f"messages[{where}].content[0].text:"), message
             assert h.engine.requests == []
+
+
+_USE = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        (  # no tool_use at all
+            [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9"}]}],
+            "messages[0].content[0].tool_use_id",
+        ),
+        (  # the previous turn used another id
+            [
+                *HI,
+                {"role": "assistant", "content": [_USE]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9"}]},
+            ],
+            "messages[2].content[0].tool_use_id",
+        ),
+        (
+            [*HI, {"role": "assistant", "content": [{**_USE, "input": "Paris"}]}],
+            "messages[1].content[0].input",
+        ),
+    ],
+)
+async def test_unmatched_tool_result_and_non_object_tool_input_are_400s(
+    harness: HarnessFactory, messages: list[Any], param: str
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=HERMES) as h:
+            for path, extra in (
+                ("/v1/messages", {"max_tokens": 4}),
+                ("/v1/messages/count_tokens", {}),
+            ):
+                body = {"model": "M", "messages": messages, "tools": [WEATHER_TOOL], **extra}
+                resp = await h.post(path, body)
+                assert resp.status_code == 400, resp.text
+                err = resp.json()
+                assert err["error"]["type"] == "invalid_request_error"
+                assert err["error"]["message"].startswith(f"{param}:"), err
+            assert h.engine.requests == []

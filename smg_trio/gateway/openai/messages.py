@@ -58,9 +58,11 @@ def _text_of(content: Any, param: str) -> str:
     return "".join(_block_text(block, f"{param}[{j}]") for j, block in enumerate(content))
 
 
-def _user_blocks(content: list[Any], param: str) -> list[dict[str, Any]]:
+def _user_blocks(content: list[Any], param: str, uses: set[str]) -> list[dict[str, Any]]:
     """A user turn's blocks: ``tool_result`` blocks become ``tool`` messages (first, as
-    templates expect them right after the assistant's calls), text the user message."""
+    templates expect them right after the assistant's calls), text the user message. Each
+    ``tool_use_id`` must be one of ``uses``, the previous message's ``tool_use`` ids (as
+    Anthropic's API checks)."""
     tools: list[dict[str, Any]] = []
     texts: list[str] = []
     for j, block in enumerate(content):
@@ -71,6 +73,13 @@ def _user_blocks(content: list[Any], param: str) -> list[dict[str, Any]]:
         elif kind == "tool_result":
             if not isinstance(block.get("tool_use_id"), str):
                 raise _bad("tool_result needs a tool_use_id", f"{where}.tool_use_id")
+            if block["tool_use_id"] not in uses:
+                raise _bad(
+                    f"tool_use_id {block['tool_use_id']!r} matches no tool_use block in the "
+                    "previous message: each tool_result must answer a tool_use of the "
+                    "assistant turn just before it",
+                    f"{where}.tool_use_id",
+                )
             raw = block.get("content", "")
             text = _text_of(raw, f"{where}.content")
             if block.get("is_error"):
@@ -100,6 +109,8 @@ def _assistant_blocks(content: list[Any], param: str) -> dict[str, Any]:
         elif kind == "tool_use":
             if not isinstance(block.get("name"), str) or not isinstance(block.get("id"), str):
                 raise _bad("tool_use needs a string id and name", where)
+            if not isinstance(block.get("input", {}), dict):
+                raise _bad("tool_use input must be an object", f"{where}.input", "invalid_type")
             calls.append(
                 {
                     "id": block["id"],
@@ -130,6 +141,7 @@ def to_chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
             out.append({"role": "system", "content": system})
     if not body.messages:
         raise _bad("messages must contain at least one message", "messages")
+    uses: set[str] = set()  # the previous message's tool_use ids
     for i, msg in enumerate(body.messages):
         param = f"messages[{i}]"
         role = msg.get("role")
@@ -138,11 +150,15 @@ def to_chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
             raise _bad(f"role must be 'user' or 'assistant', got {role!r}", f"{param}.role")
         if isinstance(content, str):
             out.append({"role": role, "content": content})
+            uses = set()
         elif isinstance(content, list):
             if role == "user":
-                out.extend(_user_blocks(content, f"{param}.content"))
+                out.extend(_user_blocks(content, f"{param}.content", uses))
+                uses = set()
             else:
-                out.append(_assistant_blocks(content, f"{param}.content"))
+                turn = _assistant_blocks(content, f"{param}.content")
+                out.append(turn)
+                uses = {call["id"] for call in turn.get("tool_calls", ())}
         else:
             raise _bad("content must be a string or a list of blocks", f"{param}.content")
     return out
