@@ -296,6 +296,13 @@ async def test_min_tokens_defers_stop_strings(harness: HarnessFactory, tok: Any)
         ("qwen3", None, ["<think>", "abc", "</think>", "Answer"], "abc", "Answer"),
         ("qwen3", None, ["Answer"], None, "Answer"),
         ("qwen3", {"enable_thinking": False}, ["Answer"], None, "Answer"),
+        (  # the prompt closed the block: a block the model still writes is content (vLLM)
+            "qwen3",
+            {"enable_thinking": False},
+            ["<think>", "abc", "</think>", "Answer"],
+            None,
+            "<think>abc</think>Answer",
+        ),
         ("deepseek_r1", None, ["abc", "</think>", "Answer"], "abc", "Answer"),
         (None, None, ["<think>", "abc", "</think>", "Answer"], None, "<think>abc</think>Answer"),
     ],

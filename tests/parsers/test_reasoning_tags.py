@@ -87,6 +87,9 @@ def test_start_state_follows_the_prompt() -> None:
     )
     # the template closed an empty block (thinking off): all content
     assert _stream(_new("deepseek_r1", "<|Assistant|></think>"), ["abc"]) == ("", "abc")
+    # ... a later block the model writes included (vLLM streams it all as content)
+    closed = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert _stream(_new("qwen3", closed), ["a<th", "ink>r</think>c"]) == ("", "a<think>r</think>c")
 
 
 def test_split_whole_outputs() -> None:

@@ -26,7 +26,9 @@ class TagParser:
     repeats at the very beginning is dropped. Tags are removed from both outputs; a tag
     split across deltas is recognized (its partial prefix is held back, never leaked).
     ``implicit_ends`` are markers that also end the block but belong to the content and stay
-    in it (Kimi K2 starts its tool-call section without closing its thinking).
+    in it (Kimi K2 starts its tool-call section without closing its thinking). With
+    ``after_block=True`` (the prompt closed the block: thinking off) everything is content,
+    a later ``start`` tag included, as vLLM streams it.
     Whitespace is passed through untouched, so streamed and whole results agree.
     """
 
@@ -51,6 +53,7 @@ class TagParser:
         *,
         in_reasoning: bool = False,
         implicit_ends: Sequence[str] = (),
+        after_block: bool = False,
     ) -> None:
         if not start or not end or not all(implicit_ends):
             raise ValueError("reasoning start and end tags must be non-empty")
@@ -59,7 +62,7 @@ class TagParser:
         self._ends = (end, *implicit_ends)
         self._start_prefixes = PrefixIndex([start])
         self._end_prefixes = PrefixIndex(self._ends)
-        self._state = _REASONING if in_reasoning else _BEFORE
+        self._state = _CONTENT if after_block else _REASONING if in_reasoning else _BEFORE
         self._opened = in_reasoning
         self._strip_start = in_reasoning
         self._held = ""
@@ -147,7 +150,8 @@ class TagFormat:
 
     The start state follows the rendered prompt first: a prompt ending with the start tag
     (the template opened the block) starts inside it, one ending with the end tag (the
-    template closed an empty block: thinking off) starts outside, else ``in_reasoning``.
+    template closed an empty block: thinking off) starts after it (all content, as vLLM's
+    serving layer treats a prompt whose reasoning ended), else ``in_reasoning``.
     """
 
     start_tag: str
@@ -164,10 +168,11 @@ class TagFormat:
         if self.switch and not switch_on(chat_template_kwargs, self.switch, self.switch_default):
             return None
         tail = prompt.rstrip()
+        after_block = False
         if tail.endswith(self.start_tag):
             in_reasoning = True
         elif tail.endswith(self.end_tag):
-            in_reasoning = False
+            in_reasoning, after_block = False, True
         else:
             in_reasoning = self.in_reasoning
         cls = _SpecialTagParser if self.special_tokens else TagParser
@@ -177,4 +182,5 @@ class TagFormat:
             self.end_tag,
             in_reasoning=in_reasoning,
             implicit_ends=self.implicit_ends,
+            after_block=after_block,
         )
