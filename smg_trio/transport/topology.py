@@ -137,18 +137,19 @@ async def bind_handshake_socket(address: str) -> AsyncIterator[HandshakeSocket]:
         yield HandshakeSocket(socket=hs, address=resolved)
 
 
-def _monitor(stack: contextlib.ExitStack, wrapped: ZmqSocket) -> ConnectionMonitor:
-    """Start ``wrapped``'s socket monitor and return the PAIR it reports on.
+def _monitor(stack: contextlib.ExitStack, sock: zmq.Socket[bytes]) -> ConnectionMonitor:
+    """Start ``sock``'s socket monitor and return the PAIR it reports on.
 
     Only the ``ACCEPTED``/``DISCONNECTED`` events of connections made after this call are
-    reported; the monitor is started right after the bind, before any engine is told the
-    address (INIT), so none is missed. The engines' ipc connection closes when their process
+    reported; the monitor is started before the bind, so none is missed. (Before INIT is not
+    enough: a frontend client's engines know its address from INIT long before it binds, and
+    one that re-binds after a restart is dialed again by engines that retry all the while;
+    they connect the moment the path exists.) The engines' ipc connection closes when their process
     dies (the kernel closes its sockets), so this sees a SIGKILL in milliseconds.
 
     (libzmq's ``ZMQ_ROUTER_NOTIFY``, which would name the identity directly, is a draft option
     that pyzmq's wheels do not build: setting it fails with ``EINVAL``.)
     """
-    sock = wrapped.raw
     address = f"inproc://smg-input-monitor-{id(sock):x}-{os.getpid()}"
     sock.monitor(address, INPUT_MONITOR_EVENTS)
     pair = zmq_context().socket(zmq.PAIR)
@@ -216,11 +217,17 @@ async def bind_worker_sockets(
     unlink_stale_socket(output_path)
 
     with contextlib.ExitStack() as stack:
+        monitors: list[ConnectionMonitor] = []
+
+        def configure_input(sock: zmq.Socket[bytes]) -> None:
+            _configure_input_router(sock)
+            monitors.append(_monitor(stack, sock))  # before the bind: see _monitor
+
         inp, input_address = _bind(
-            stack, zmq.ROUTER, addresses.input, "input ROUTER", _configure_input_router
+            stack, zmq.ROUTER, addresses.input, "input ROUTER", configure_input
         )
         stack.callback(_unlink_if_same, input_path, _inode(input_path))
-        monitor = _monitor(stack, inp)
+        (monitor,) = monitors
         out, output_address = _bind(
             stack, zmq.PULL, addresses.output, "output PULL", _configure_output_pull
         )

@@ -222,12 +222,16 @@ class FrontendManager(WorkerManager):
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
+            slot = entry.get("slot", -1)
+            # the DP-rank choice counts every frontend's requests on each rank
+            ranks = self.shared.ranks(slot) if self.shared is not None and slot >= 0 else None
             try:
                 async with attach_engine_client(
                     VllmProtocol(self.client_index),
                     worker.addresses,
                     _registrations(entry),
                     silence_timeout_s=self.silence_timeout_s,
+                    shared_load=ranks,
                 ) as client:
                     worker.set_client(client)
                     worker.circuit.reset()
