@@ -36,6 +36,7 @@ from smg_trio.serve import (  # noqa: E402
 )
 from smg_trio.serve.commands import EngineLaunch  # noqa: E402
 from smg_trio.serve.launcher import EngineExited  # noqa: E402
+from tests.helpers.frontends import with_api_server_count  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,9 @@ def _config(sock_dir: str) -> GatewayConfig:
 async def test_engine_sigkill_fails_inflight_stream_from_process_exit(sock_dir: str) -> None:
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            handle: ServeHandle = await nursery.start(serve, _config(sock_dir))
+            handle: ServeHandle = await nursery.start(
+                serve, with_api_server_count(_config(sock_dir))
+            )
             engines = engine_pids(os.getpid())
             assert len(engines) == 1, engines
             (engine_pid,) = engines
@@ -148,7 +151,7 @@ async def test_stalled_engine_is_stopped_and_relaunched(sock_dir: str) -> None:
     config = attrs.evolve(_config(sock_dir), engine_silence_timeout_s=STALL_SILENCE_S)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            handle: ServeHandle = await nursery.start(serve, config)
+            handle: ServeHandle = await nursery.start(serve, with_api_server_count(config))
             (engine_pid,) = engine_pids(os.getpid())
             body = {
                 "model": "mock-tiny",
