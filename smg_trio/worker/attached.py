@@ -224,6 +224,10 @@ class FrontendManager(WorkerManager):
                     worker.entry["status"] == "ready"
                 ):
                     await worker.entry_changed.wait()
+                client = worker.engine_client
+                reason = worker.entry.get("last_error")
+                if client is not None and reason:
+                    client.kill(reason)  # in-flight requests end with the supervisor's reason
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
