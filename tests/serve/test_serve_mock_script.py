@@ -107,7 +107,8 @@ async def _tokenspeed_gateway(script: Path, sock_dir: str) -> AsyncIterator[str]
     )
     try:
         handle: ServeHandle
-        async with open_gateway(with_api_server_count(config)) as handle:
+        # always one frontend: TokenSpeed's wire has a single client (docs/multi-frontend.md)
+        async with open_gateway(config) as handle:
             yield handle.base_url
     finally:
         proc.terminate()
