@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from smg_trio.connector.routing import RankRouter, WaveClock
+from smg_trio.connector.routing import RankRouter, SharedRankLoad, WaveClock
 from smg_trio.connector.stream import RequestStream, _Entry
 from smg_trio.errors import (
     ClientClosed,
@@ -127,6 +127,7 @@ class EngineClient:
         disconnect_grace_s: float | None = None,
         owns_liveness: bool = True,
         ready_timeout_s: float = READY_TIMEOUT_S,
+        shared_load: SharedRankLoad | None = None,
     ) -> None:
         self.protocol = protocol
         #: False for a frontend client that attached to engines client 0 handshook: client 0
@@ -138,7 +139,8 @@ class EngineClient:
         self._sockets = sockets
         self._identities = [e.identity for e in self.engines]
         self._router = RankRouter(
-            [e.index if e.index is not None else slot for slot, e in enumerate(self.engines)]
+            [e.index if e.index is not None else slot for slot, e in enumerate(self.engines)],
+            shared_load,
         )
         self._registry: dict[str, _Entry] = {}
         self._aborted: OrderedDict[str, bytes] = OrderedDict()
@@ -215,7 +217,7 @@ class EngineClient:
         need not be DP-rank order: ``engines[i].index`` is entry ``i``'s rank)."""
         out = []
         for slot, load in enumerate(self._router.loads):
-            own = len(self._router.inflight[slot])
+            own = self._router.inflight_count(slot)
             load = load or EngineLoad()
             out.append(
                 EngineLoad(max(load.num_running, own), load.num_waiting, load.kv_cache_usage)
@@ -864,6 +866,7 @@ async def attach_engine_client(
     engines: Sequence[EngineRegistration],
     *,
     silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
+    shared_load: SharedRankLoad | None = None,
 ) -> AsyncIterator[EngineClient]:
     """Yield a running :class:`EngineClient` for frontend client ``addresses.client_index`` of
     engines that client 0 already handshook (``engines``: its registrations, which say which
@@ -878,28 +881,41 @@ async def attach_engine_client(
     to that client's output socket. The engine's input registration on this socket is not
     awaited (a re-bound socket never gets one): the first send finds an engine that has not
     connected yet as not connected (a 503), and outputs for request ids this client does not
-    know (a previous life's) are answered with ABORT.
+    know (a previous life's) are answered with ABORT. ``shared_load`` makes its DP-rank
+    choice count every frontend's requests on each rank (:class:`SharedRankLoad`).
     """
     if addresses.client_index == 0:
         raise ValueError("client 0 runs the handshake (open_engine_client)")
     async with bind_worker_sockets(addresses, with_handshake=False) as sockets:
         # Ready once every engine's connection to this input socket finished its ZMTP
         # handshake, so its identity is routable (a restarted client's re-bound socket gets
-        # no registration, only the connection). Callers bound the wait.
-        # (A handshake event names no connection: count them, less the closes.)
-        handshaken = 0
-        while handshaken < len(engines):
+        # no registration, only the connection). Callers bound the wait. libzmq names no
+        # descriptor in a handshake event (its value is 0): count them, against the
+        # connections open now.
+        live: set[int] = set()
+        handshakes = 0
+        while handshakes < len(engines) or len(live) < len(engines):
             event = await sockets.input_monitor.receive()
-            if event is not None and event.handshaken:
-                handshaken += 1
-            elif event is not None and event.kind == "closed":
-                handshaken = max(0, handshaken - 1)
+            if event is None:
+                continue
+            if event.handshaken:
+                handshakes += 1
+            elif event.accepted:
+                live.add(event.fd)
+            else:
+                live.discard(event.fd)
+                handshakes = min(handshakes, len(live))
         sockets.input.process_commands()  # libzmq attaches the new pipes now, not on a later send
         # Engine death is seen from the sentinel, the silence watchdog, or client 0 (which
         # owns the engines' liveness).
         attached = [attrs.evolve(e, connection_fd=None) for e in engines]
         client = EngineClient(
-            protocol, sockets, attached, silence_timeout_s=silence_timeout_s, owns_liveness=False
+            protocol,
+            sockets,
+            attached,
+            silence_timeout_s=silence_timeout_s,
+            owns_liveness=False,
+            shared_load=shared_load,
         )
         async with _running(client) as running:
             yield running

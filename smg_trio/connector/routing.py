@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from smg_trio.errors import EngineDeadError, InvalidDataParallelRank
 from smg_trio.protocol.types import EngineLoad
 
-__all__ = ["RankRouter", "WaveClock"]
+__all__ = ["RankRouter", "SharedRankLoad", "WaveClock"]
 
 #: smg's KV-pressure weight: waiting requests cost more once the KV cache is over half full.
 _KV_PENALTY_WEIGHT = 6.0
@@ -15,14 +16,29 @@ _KV_PENALTY_KNEE = 0.5
 _NO_LOAD = EngineLoad()
 
 
+class SharedRankLoad(Protocol):
+    """In-flight counts per DP rank of one worker that several engine clients (the frontend
+    processes of ``--api-server-count``) publish and sum: each client publishes its own count,
+    and ``total`` is every client's, its own included."""
+
+    def publish(self, rank: int, inflight: int) -> None:
+        """Record this client's in-flight count on DP rank ``rank``."""
+
+    def total(self, rank: int) -> int:
+        """Every client's in-flight count on DP rank ``rank``."""
+
+
 class RankRouter:
     """Per-rank load (latest engine report) and this client's own in-flight reservations.
 
     ``indices[i]`` is the DP rank index of engine slot ``i`` (from its 2-byte identity).
+    With ``shared``, a rank's in-flight count is every client's (other frontends' requests
+    on the same engines), not only this one's: engines report their load to one client only.
     """
 
-    def __init__(self, indices: Sequence[int]) -> None:
+    def __init__(self, indices: Sequence[int], shared: SharedRankLoad | None = None) -> None:
         self.indices = list(indices)
+        self.shared = shared
         self._slot_of = {idx: slot for slot, idx in enumerate(self.indices)}
         self.loads: list[EngineLoad | None] = [None] * len(self.indices)
         self.inflight: list[set[str]] = [set() for _ in self.indices]
@@ -35,10 +51,21 @@ class RankRouter:
         """The slot of the engine with this rank index, if any."""
         return self._slot_of.get(engine_index)
 
+    def inflight_count(self, slot: int) -> int:
+        """Requests in flight on ``slot``: this client's, or with ``shared`` every client's."""
+        own = len(self.inflight[slot])
+        if self.shared is None:
+            return own
+        return max(own, self.shared.total(self.indices[slot]))
+
+    def _publish(self, slot: int) -> None:
+        if self.shared is not None:
+            self.shared.publish(self.indices[slot], len(self.inflight[slot]))
+
     def score(self, slot: int) -> float:
-        """``max(own in-flight, waiting + running)`` plus a KV penalty on waiting requests."""
+        """``max(in-flight, waiting + running)`` plus a KV penalty on waiting requests."""
         load = self.loads[slot] or _NO_LOAD
-        score = float(max(len(self.inflight[slot]), load.num_waiting + load.num_running))
+        score = float(max(self.inflight_count(slot), load.num_waiting + load.num_running))
         if load.num_waiting > 0:
             score += (
                 load.num_waiting
@@ -80,6 +107,7 @@ class RankRouter:
                 raise EngineDeadError("no engine rank is connected")
             slot = best_slot
         self.inflight[slot].add(request_id)
+        self._publish(slot)
         return slot
 
     def release(self, slot: int, request_id: str) -> None:
@@ -88,6 +116,7 @@ class RankRouter:
         inflight = self.inflight[slot]
         if request_id in inflight:
             inflight.discard(request_id)
+            self._publish(slot)
             if not inflight:
                 load = self.loads[slot]
                 if load is not None and (load.num_running or load.num_waiting):
@@ -95,8 +124,9 @@ class RankRouter:
 
     def clear(self) -> None:
         """Forget every reservation (the client died)."""
-        for s in self.inflight:
-            s.clear()
+        for slot, reserved in enumerate(self.inflight):
+            reserved.clear()
+            self._publish(slot)
 
 
 class WaveClock:

@@ -436,7 +436,9 @@ async def _serve_in(
             await nursery.start(discovery.run)
         frontends = None
         if run_dir is not None:
-            frontends = FrontendGroup(config, config.api_server_count, run_dir, listen)
+            frontends = FrontendGroup(
+                config, config.api_server_count, run_dir, listen, manager.confinement
+            )
             frontends.manager = manager
             await nursery.start(frontends.run)
             log.info(

@@ -73,6 +73,7 @@ def _worker_entry(worker: WorkerState, slot: int) -> dict[str, Any]:
         "reasoning_parser": spec.reasoning_parser,
         "handshake": worker.addresses.handshake,
         "status": worker.status,
+        "last_error": worker.last_error,
         "generation": worker.generation,
         "max_model_len": worker.metadata.get("max_model_len"),
         "metadata": dict(worker.metadata),

@@ -30,6 +30,7 @@ from smg_trio.serve.control import (
 )
 from smg_trio.serve.metrics_merge import merge_expositions
 from smg_trio.worker.attached import FrontendManager
+from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.shared_load import SharedLoad
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "LOCAL_METRICS_PATH",
     "frontend_socket",
     "load_config",
+    "load_confinement",
     "main",
     "run_frontend",
 ]
@@ -52,6 +54,18 @@ PEER_METRICS_TIMEOUT_S = 2.0
 def frontend_socket(run_dir: str, index: int) -> str:
     """The unix socket of frontend ``index`` (its local metrics)."""
     return os.path.join(run_dir, f"frontend-{index}.sock")
+
+
+def load_confinement(run_dir: str) -> WorkerConfinement | None:
+    """The supervisor's allow-lists, as it wrote them (``None``: derive them from the config)."""
+    raw = json.loads(Path(run_dir, "config.json").read_text()).get("confinement")
+    if raw is None:
+        return None
+    return WorkerConfinement(
+        socket_dirs=tuple(raw["socket_dirs"]),
+        model_dirs=tuple(raw["model_dirs"]),
+        engine_hosts=tuple(raw["engine_hosts"]),
+    )
 
 
 def load_config(run_dir: str) -> tuple[GatewayConfig, int, int]:
@@ -154,7 +168,7 @@ async def run_frontend(
                 policy=config.policy,
                 ready_timeout_s=config.worker_startup_timeout_s,
                 silence_timeout_s=config.engine_silence_timeout_s,
-                confinement=_confinement(config),
+                confinement=load_confinement(run_dir) or _confinement(config),
                 worker_wait_timeout_s=config.worker_wait_timeout_s,
             )
             app = create_app(manager, _http_config(config), operations=ADMIN_OPERATIONS)

@@ -27,6 +27,7 @@ from smg_trio.protocol.addresses import client_data_plane
 from smg_trio.serve.config import GatewayConfig
 from smg_trio.serve.control import FRONTEND_READY
 from smg_trio.transport.sockdir import ensure_ipc_socket_dir
+from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager
 from smg_trio.worker.shared_load import MAX_WORKER_SLOTS, create_shared_load
 
@@ -105,7 +106,14 @@ class _Frontend:
 class FrontendGroup:
     """The N frontend processes of one supervisor (clients 1..N of every engine)."""
 
-    def __init__(self, config: GatewayConfig, count: int, run_dir: str, listen: socket.socket):
+    def __init__(
+        self,
+        config: GatewayConfig,
+        count: int,
+        run_dir: str,
+        listen: socket.socket,
+        confinement: WorkerConfinement | None = None,
+    ):
         self.config = config
         self.count = count
         self.run_dir = run_dir
@@ -119,6 +127,9 @@ class FrontendGroup:
             "config": attrs.asdict(config, recurse=True),
             "count": count,
             "listen_fd": listen.fileno(),
+            # the supervisor's allow-lists (its launched engines' model and socket dirs among
+            # them): the frontends load what its table names, which it already confined
+            "confinement": attrs.asdict(confinement) if confinement is not None else None,
         }
         fd = os.open(
             os.path.join(run_dir, "config.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600

@@ -152,19 +152,20 @@ async def bind_handshake_socket(address: str) -> AsyncIterator[HandshakeSocket]:
 
 
 def _monitor(
-    stack: contextlib.ExitStack, wrapped: ZmqSocket, events: int = INPUT_MONITOR_EVENTS
+    stack: contextlib.ExitStack, sock: zmq.Socket[bytes], events: int = INPUT_MONITOR_EVENTS
 ) -> ConnectionMonitor:
-    """Start ``wrapped``'s socket monitor and return the PAIR it reports on.
+    """Start ``sock``'s socket monitor and return the PAIR it reports on.
 
     Only the ``ACCEPTED``/``DISCONNECTED`` events of connections made after this call are
-    reported; the monitor is started right after the bind, before any engine is told the
-    address (INIT), so none is missed. The engines' ipc connection closes when their process
+    reported; the monitor is started before the bind, so none is missed. (Before INIT is not
+    enough: a frontend client's engines know its address from INIT long before it binds, and
+    one that re-binds after a restart is dialed again by engines that retry all the while;
+    they connect the moment the path exists.) The engines' ipc connection closes when their process
     dies (the kernel closes its sockets), so this sees a SIGKILL in milliseconds.
 
     (libzmq's ``ZMQ_ROUTER_NOTIFY``, which would name the identity directly, is a draft option
     that pyzmq's wheels do not build: setting it fails with ``EINVAL``.)
     """
-    sock = wrapped.raw
     address = f"inproc://smg-input-monitor-{id(sock):x}-{os.getpid()}"
     sock.monitor(address, events)
     pair = zmq_context().socket(zmq.PAIR)
@@ -269,14 +270,22 @@ async def _bind_sockets(
             configure_heartbeat(sock, tcp)
 
     with contextlib.ExitStack() as stack:
-        inp, input_address = _bind(stack, zmq.ROUTER, addresses.input, "input ROUTER", input_config)
+        monitors: list[ConnectionMonitor] = []
+
+        def configure_input(sock: zmq.Socket[bytes]) -> None:
+            input_config(sock)
+            monitors.append(_monitor(stack, sock))  # before the bind: see _monitor
+
+        inp, input_address = _bind(
+            stack, zmq.ROUTER, addresses.input, "input ROUTER", configure_input
+        )
         if input_path is not None:
             stack.callback(_unlink_if_same, input_path, _inode(input_path))
-        monitor = _monitor(stack, inp)
+        (monitor,) = monitors
         out, output_address = _bind(stack, zmq.PULL, addresses.output, "output PULL", output_config)
         if output_path is not None:
             stack.callback(_unlink_if_same, output_path, _inode(output_path))
-        output_monitor = _monitor(stack, out, zmq.EVENT_ACCEPTED) if tcp is not None else None
+        output_monitor = _monitor(stack, out.raw, zmq.EVENT_ACCEPTED) if tcp is not None else None
         hs: ZmqSocket | None
         handshake_address: str | None
         if not with_handshake:

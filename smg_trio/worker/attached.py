@@ -42,6 +42,8 @@ class AttachedWorker(WorkerState):
     entry: dict[str, Any] = attrs.field(factory=dict)
     entry_changed: trio.Event = attrs.field(factory=trio.Event)
     shared: SharedLoad | None = None
+    #: Its model could not be loaded here: it never attaches (see ``last_error``).
+    load_failed: bool = False
 
     def update(self, entry: dict[str, Any]) -> None:
         """Take the supervisor's new entry and wake the attach loop."""
@@ -177,6 +179,7 @@ class FrontendManager(WorkerManager):
                     await self._load(worker)
                 except (OSError, SmgError, ValueError) as exc:
                     worker.last_error = f"{type(exc).__name__}: {exc}"
+                    worker.load_failed = True
                     log.error("worker %r: cannot load its model: %s", worker.url, exc)
                     return
                 while True:
@@ -186,7 +189,8 @@ class FrontendManager(WorkerManager):
             stopped.set()
 
     async def wait_attached(self) -> None:
-        """Return once every worker the supervisor reports ready is attached here."""
+        """Return once every worker the supervisor reports ready is attached here (or
+        failed to load its model here, and so never will be)."""
         while True:
             changed = self.registry.changed
             pending = [
@@ -195,6 +199,7 @@ class FrontendManager(WorkerManager):
                 if isinstance(w, AttachedWorker)
                 and w.entry.get("status") == "ready"
                 and w.engine_client is None
+                and not w.load_failed
             ]
             if not pending:
                 return
@@ -219,15 +224,23 @@ class FrontendManager(WorkerManager):
                     worker.entry["status"] == "ready"
                 ):
                     await worker.entry_changed.wait()
+                client = worker.engine_client
+                reason = worker.entry.get("last_error")
+                if client is not None and reason:
+                    client.kill(reason)  # in-flight requests end with the supervisor's reason
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
+            slot = entry.get("slot", -1)
+            # the DP-rank choice counts every frontend's requests on each rank
+            ranks = self.shared.ranks(slot) if self.shared is not None and slot >= 0 else None
             try:
                 async with attach_engine_client(
                     VllmProtocol(self.client_index),
                     worker.addresses,
                     _registrations(entry),
                     silence_timeout_s=self.silence_timeout_s,
+                    shared_load=ranks,
                 ) as client:
                     worker.set_client(client)
                     worker.circuit.reset()

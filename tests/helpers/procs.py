@@ -48,18 +48,19 @@ def alive(pid: int) -> bool:
     return st is not None and st[0] != "Z"
 
 
-def _runs_guard(pid: int) -> bool:
+def _runs_guard_or_frontend(pid: int) -> bool:
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return len(argv) > 1 and argv[1].endswith(b"guard.py")
+    return (len(argv) > 1 and argv[1].endswith(b"guard.py")) or b"smg_trio.serve.frontend" in argv
 
 
 def engine_pids(root: int) -> set[int]:
-    """:func:`descendants` of ``root`` without the engine guards (``serve/guard.py``): the
-    engine processes themselves and their children."""
-    return {pid for pid in descendants(root) if not _runs_guard(pid)}
+    """:func:`descendants` of ``root`` without the engine guards (``serve/guard.py``) and the
+    frontend processes (``--api-server-count``): the engine processes themselves and their
+    children."""
+    return {pid for pid in descendants(root) if not _runs_guard_or_frontend(pid)}
 
 
 async def wait_all_gone(pids: set[int], timeout_s: float = 5.0) -> set[int]:

@@ -19,6 +19,7 @@ from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.serve import GatewayConfig, ServeHandle, serve
 from smg_trio.serve.discovery import DiscoveryFileError, DiscoveryWatcher, parse_discovery
+from tests.helpers.frontends import with_api_server_count
 from tests.helpers.ipc import IpcNamespace, free_handshake_address
 
 DEADLINE_S = 60.0
@@ -60,7 +61,7 @@ async def discovering_gateway(
         discovery_file=str(path),
     )
     async with trio.open_nursery() as nursery:
-        handle: ServeHandle = await nursery.start(serve, config)
+        handle: ServeHandle = await nursery.start(serve, with_api_server_count(config))
         assert handle.discovery is not None
         yield handle, handle.discovery, nursery
         nursery.cancel_scope.cancel()

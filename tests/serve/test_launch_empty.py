@@ -16,6 +16,7 @@ import trio
 
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.mock.tiny_model import default_tiny_model_dir
+from tests.helpers.frontends import serve_args
 from tests.helpers.ipc import free_handshake_address
 from tests.helpers.ports import free_port
 from tests.helpers.procs import read_until_ready
@@ -29,7 +30,7 @@ async def test_launch_starts_empty_then_discovers_a_worker(sock_dir: str, tmp_pa
     discovery.write_text("[]")
     env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
     argv = [
-        sys.executable, "-m", "smg_trio", "launch", "--port", str(port),
+        sys.executable, "-m", "smg_trio", "launch", *serve_args(), "--port", str(port),
         "--model-path", str(default_tiny_model_dir()), "--served-model-name", "m",
         "--discovery-provider", "file", "--discovery-file", str(discovery),
     ]  # fmt: skip

@@ -24,6 +24,7 @@ httpx = pytest.importorskip("httpx")
 
 from smg_trio.mock.tiny_model import default_tiny_model_dir  # noqa: E402
 from smg_trio.serve import EngineLaunchConfig, GatewayConfig, open_gateway  # noqa: E402
+from tests.helpers.frontends import with_api_server_count  # noqa: E402
 
 pytestmark = pytest.mark.slow
 MODEL = "mock-tiny"
@@ -70,7 +71,7 @@ async def _chats(http: Any, count: int) -> None:
 async def test_without_keys_nobody_joins_the_served_model(sock_dir: str) -> None:
     with trio.fail_after(60):
         async with (
-            open_gateway(_config(sock_dir)) as handle,
+            open_gateway(with_api_server_count(_config(sock_dir))) as handle,
             httpx.AsyncClient(base_url=handle.base_url, timeout=20) as http,
         ):
             resp = await http.post("/workers", json=_join("ipc://@x", free_handshake_address()))
@@ -104,7 +105,7 @@ async def test_insecure_admin_still_keeps_a_second_process_out(
     )
     try:
         with trio.fail_after(60):
-            async with open_gateway(config) as handle:
+            async with open_gateway(with_api_server_count(config)) as handle:
                 async with httpx.AsyncClient(base_url=handle.base_url, timeout=20) as http:
                     for url in ("ipc://@x", f"ipc://{other_dir}/engine", "ipc://engine"):
                         resp = await http.post("/workers", json=_join(url, handshake))

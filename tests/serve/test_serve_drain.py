@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from smg_trio.serve.launcher import ENGINE_STOP_GRACE_S
+from tests.helpers.frontends import serve_args as frontend_args
 from tests.helpers.ports import free_port, random_worker_base_port
 from tests.helpers.procs import descendants, kill_leftovers, wait_all_gone
 from tests.helpers.sse import sse_payloads
@@ -36,7 +37,7 @@ async def _start(
     port = free_port()
     env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
     argv = [
-        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock",
+        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock", *frontend_args(),
         "--port", str(port), "--worker-base-port", str(random_worker_base_port()),
         "--shutdown-grace-period-secs", str(grace_s), *serve_args, "--", "--step-ms", "20",
     ]  # fmt: skip

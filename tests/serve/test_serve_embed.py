@@ -17,6 +17,7 @@ httpx = pytest.importorskip("httpx")
 
 from smg_trio.mock.tiny_model import default_tiny_model_dir  # noqa: E402
 from smg_trio.serve import EngineLaunchConfig, GatewayConfig, ServeHandle, open_gateway, serve  # noqa: E402
+from tests.helpers.frontends import with_api_server_count  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +59,9 @@ def _sockets(directory: str) -> list[str]:
 async def test_nursery_start_serve(sock_dir: str) -> None:
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            handle: ServeHandle = await nursery.start(serve, _config(sock_dir))
+            handle: ServeHandle = await nursery.start(
+                serve, with_api_server_count(_config(sock_dir))
+            )
             assert handle.port > 0
             assert handle.base_url == f"http://127.0.0.1:{handle.port}"
             assert len(handle.workers) == 1
@@ -74,7 +77,7 @@ async def test_nursery_start_serve(sock_dir: str) -> None:
 
 async def test_open_gateway(sock_dir: str) -> None:
     with trio.fail_after(60):
-        async with open_gateway(_config(sock_dir)) as handle:
+        async with open_gateway(with_api_server_count(_config(sock_dir))) as handle:
             engines = descendants(os.getpid())
             assert engines
             await _chat(handle)

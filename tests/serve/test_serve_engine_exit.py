@@ -36,6 +36,7 @@ from smg_trio.serve import (  # noqa: E402
 )
 from smg_trio.serve.commands import EngineLaunch  # noqa: E402
 from smg_trio.serve.launcher import EngineExited  # noqa: E402
+from tests.helpers.frontends import single_frontend, with_api_server_count  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,9 @@ def _config(sock_dir: str) -> GatewayConfig:
 async def test_engine_sigkill_fails_inflight_stream_from_process_exit(sock_dir: str) -> None:
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            handle: ServeHandle = await nursery.start(serve, _config(sock_dir))
+            handle: ServeHandle = await nursery.start(
+                serve, with_api_server_count(_config(sock_dir))
+            )
             engines = engine_pids(os.getpid())
             assert len(engines) == 1, engines
             (engine_pid,) = engines
@@ -141,6 +144,11 @@ async def test_engine_exit_before_registration_fails_at_once() -> None:
     assert len(exits) == 1
 
 
+@single_frontend(
+    "open gap: with frontends, only the frontend holding the request sees the engine go "
+    "silent, and the supervisor (client 0, idle, which owns the engine's liveness) is not "
+    "told, so the stalled engine is not relaunched"
+)
 async def test_stalled_engine_is_stopped_and_relaunched(sock_dir: str) -> None:
     """An engine that is alive but silent (SIGSTOP) trips the silence watchdog; serve then
     stops its process group (SIGTERM + SIGCONT) and relaunches it, and the worker serves
@@ -148,7 +156,7 @@ async def test_stalled_engine_is_stopped_and_relaunched(sock_dir: str) -> None:
     config = attrs.evolve(_config(sock_dir), engine_silence_timeout_s=STALL_SILENCE_S)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            handle: ServeHandle = await nursery.start(serve, config)
+            handle: ServeHandle = await nursery.start(serve, with_api_server_count(config))
             (engine_pid,) = engine_pids(os.getpid())
             body = {
                 "model": "mock-tiny",

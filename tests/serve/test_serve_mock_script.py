@@ -23,6 +23,7 @@ from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.protocol.addresses import worker_addresses
 from smg_trio.serve import EngineLaunchConfig, GatewayConfig, ServeHandle, open_gateway
 from smg_trio.tokenizer import Tokenizer
+from tests.helpers.frontends import with_api_server_count
 from tests.helpers.ipc import free_handshake_address
 from tests.helpers.ports import random_worker_base_port
 
@@ -81,7 +82,7 @@ async def _vllm_gateway(script: Path, sock_dir: str) -> AsyncIterator[str]:
             mock_script=str(script),
         ),
     )
-    async with open_gateway(config) as handle:
+    async with open_gateway(with_api_server_count(config)) as handle:
         yield handle.base_url
 
 
@@ -106,6 +107,7 @@ async def _tokenspeed_gateway(script: Path, sock_dir: str) -> AsyncIterator[str]
     )
     try:
         handle: ServeHandle
+        # always one frontend: TokenSpeed's wire has a single client (docs/multi-frontend.md)
         async with open_gateway(config) as handle:
             yield handle.base_url
     finally:
@@ -296,7 +298,7 @@ async def test_embedding_refuses_a_bad_script_before_launch(tmp_path: Path, sock
             pytest.RaisesExc(ValueError, match="needs a reply"), flatten_subgroups=True
         ),
     ):
-        async with open_gateway(config):
+        async with open_gateway(with_api_server_count(config)):
             pytest.fail("serve started with a bad mock script")
     other = GatewayConfig(
         port=0,
@@ -310,5 +312,5 @@ async def test_embedding_refuses_a_bad_script_before_launch(tmp_path: Path, sock
             pytest.RaisesExc(ValueError, match="needs backend 'mock'"), flatten_subgroups=True
         ),
     ):
-        async with open_gateway(other):
+        async with open_gateway(with_api_server_count(other)):
             pytest.fail("serve started a vllm backend with a mock script")

@@ -21,10 +21,14 @@ import httpx
 import pytest
 import trio
 
+from tests.helpers.frontends import single_frontend
 from tests.helpers.ports import free_port, random_worker_base_port
 from tests.helpers.procs import descendants, read_until_ready, wait_all_gone
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    single_frontend("it starts --api-server-count 2 itself: the first pass runs it"),
+]
 
 CHAT = {"model": "mock-tiny", "messages": [{"role": "user", "content": "Hello"}]}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests.helpers.frontends import serve_args
 from tests.helpers.ports import free_port, random_worker_base_port
 from tests.helpers.procs import (
     descendants,
@@ -57,7 +58,7 @@ async def test_serve_mock_subprocess_sigterm_no_orphans(sock_dir: str, tmp_path:
     stderr_path = tmp_path / "serve.stderr"
     env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
     argv = [
-        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock",
+        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock", *serve_args(),
         "--port", str(port), "--worker-base-port", str(random_worker_base_port()),
         "--dp-size", "2", "--shutdown-grace-period-secs", "5",
     ]  # fmt: skip
@@ -99,7 +100,7 @@ async def test_serve_mock_subprocess_sigterm_no_orphans(sock_dir: str, tmp_path:
 async def test_serve_engine_startup_failure_exits_nonzero(sock_dir: str, tmp_path: Path) -> None:
     """An engine that exits during startup fails serve at once, with its exit code."""
     argv = [
-        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock",
+        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock", *serve_args(),
         "--port", str(free_port()), "--worker-base-port", str(random_worker_base_port()),
         "--", "--no-such-mock-flag",
     ]  # fmt: skip
@@ -118,7 +119,7 @@ async def test_serve_sigkill_leaves_no_engine_behind(sock_dir: str, tmp_path: Pa
     port = free_port()
     env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
     argv = [
-        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock",
+        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock", *serve_args(),
         "--port", str(port), "--worker-base-port", str(random_worker_base_port()),
         "--dp-size", "2",
     ]  # fmt: skip

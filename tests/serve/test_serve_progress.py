@@ -18,6 +18,7 @@ from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.serve import EngineLaunchConfig, GatewayConfig, ServeHandle, _launch_plan, serve
 from smg_trio.serve.enginelog import EngineLogLevels
 from smg_trio.serve.launcher import _forward
+from tests.helpers.frontends import with_api_server_count
 from tests.helpers.ports import random_worker_base_port
 
 VLLM_LINES = [
@@ -115,7 +116,7 @@ async def test_progress_lines_while_a_slow_engine_loads(sock_dir: str, tmp_path:
                 started = trio.Event()
 
                 async def run() -> None:
-                    handle: ServeHandle = await nursery.start(serve, config)
+                    handle: ServeHandle = await nursery.start(serve, with_api_server_count(config))
                     assert handle.workers
                     started.set()
 

@@ -17,6 +17,7 @@ import trio.testing
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.serve import GatewayConfig, ServeHandle, serve
+from tests.helpers.frontends import with_api_server_count
 from tests.helpers.ipc import IpcNamespace, free_handshake_address
 
 pytestmark = pytest.mark.slow
@@ -42,7 +43,7 @@ async def empty_gateway(
         **kw,
     )
     async with trio.open_nursery() as nursery:
-        handle: ServeHandle = await nursery.start(serve, config)
+        handle: ServeHandle = await nursery.start(serve, with_api_server_count(config))
         assert handle.workers == ()
         headers = {"Authorization": f"Bearer {KEY}"}
         async with httpx.AsyncClient(base_url=handle.base_url, headers=headers, timeout=30) as http:

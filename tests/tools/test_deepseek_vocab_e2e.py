@@ -17,6 +17,7 @@ import openai
 import pytest
 import trio
 
+from tests.helpers.frontends import serve_args
 from tests.helpers.ports import free_port, random_worker_base_port
 from tests.helpers.procs import read_until_ready
 from tests.helpers.sse import sse_chunks
@@ -45,7 +46,7 @@ async def test_an_agent_turn_with_deepseeks_vocabulary(
 ) -> None:
     port = free_port()
     argv = [
-        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock",
+        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock", *serve_args(),
         "--model", str(deepseek_model_dir), "--served-model-name", MODEL,
         "--mock-script", str(_script(tmp_path / "script.json")),
         "--tool-call-parser", "deepseek_v3", "--enable-auto-tool-choice",

@@ -21,6 +21,7 @@ import trio
 import tests.tools.cases as cases_pkg
 from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.serve import EngineLaunchConfig, GatewayConfig, open_gateway
+from tests.helpers.frontends import with_api_server_count
 from tests.helpers.ports import random_worker_base_port
 from tests.helpers.sse import sse_chunks
 from tests.tools.toolcase import ToolCase
@@ -109,7 +110,7 @@ async def tool_gateway(
         ),
         allowed_model_dirs=(model_dir,),
     )
-    async with open_gateway(config) as handle:
+    async with open_gateway(with_api_server_count(config)) as handle:
         yield handle.base_url
 
 
