@@ -23,11 +23,11 @@ import sys
 import time
 from typing import Any, TextIO
 
-import attrs
 import trio
 
 from smg_trio.codec.msgpack import decode, encoder
 from smg_trio.mock.engine import MockEngine, MockEngineConfig, run_until_signal
+from smg_trio.transport.zsocket import ZmqSocket
 
 
 class BenchMockEngine(MockEngine):
@@ -37,36 +37,32 @@ class BenchMockEngine(MockEngine):
     #: Where each ABORT's receipt is logged (``time.time()`` and the request id, one a line).
     abort_log: TextIO | None = None
 
-    async def _input_loop(self) -> None:
+    async def _input_loop(self, client: int, sock: ZmqSocket) -> None:
         if not self.answer_utility and self.abort_log is None:
-            await super()._input_loop()
+            await super()._input_loop(client, sock)
             return
         # Answer UTILITY (b"\x03") frames before the base loop sees them, and log ABORT
-        # (b"\x01") receipts: the base class reads ``self._sockets.input``, so hand it a
-        # filtering stand-in.
-        assert self._sockets is not None
-        real = self._sockets.input
+        # (b"\x01") receipts: the base loop reads ``sock``, so hand it a filtering stand-in.
         engine = self
         log = self.abort_log
 
         class _Filter:
             async def recv_multipart(self) -> list[bytes]:
                 while True:
-                    frames: list[bytes] = await real.recv_multipart()
+                    frames: list[bytes] = await sock.recv_multipart()
                     if log is not None and len(frames) >= 2 and frames[0] == b"\x01":
                         now = time.time()
                         for rid in decode(frames[1], list[str]):
                             log.write(f"{now:.6f} {rid}\n")
                         log.flush()
                     if engine.answer_utility and len(frames) >= 2 and frames[0] == b"\x03":
-                        await engine._answer_utility(frames[1])
+                        await engine._answer_utility(frames[1], client)
                         continue
                     return frames
 
-        self._sockets = attrs.evolve(self._sockets, input=_Filter())  # type: ignore[arg-type]
-        await super()._input_loop()
+        await super()._input_loop(client, _Filter())  # type: ignore[arg-type]
 
-    async def _answer_utility(self, payload: bytes) -> None:
+    async def _answer_utility(self, payload: bytes, client: int = 0) -> None:
         client_index, call_id, method, _args = decode(payload, tuple[int, int, str, Any])
         result: Any = ["generate"] if method == "get_supported_tasks" else None
         # vLLM 0.32 EngineCoreOutputs with utility_output = UtilityOutput(call_id,
@@ -75,7 +71,7 @@ class BenchMockEngine(MockEngine):
         env = [self.config.engine_index, [], None, 0.0, [call_id, None, [None, result]]]
         env += [None, None, None, None]
         del client_index
-        await self._push([encoder.encode(env)])
+        await self._push([encoder.encode(env)], client)
 
 
 def _parser() -> argparse.ArgumentParser:
