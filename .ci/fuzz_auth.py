@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 import httpx
-from fuzz_checks import envelope_problem
+from fuzz_checks import api_envelope_problem
 
 #: Authorization headers that must all be refused (None: no header at all).
 WRONG = {
@@ -69,7 +69,7 @@ def check(base: str, key: str) -> list[str]:
                 resp = _send(client, method, url, op, auth, b"{}")
                 if resp.status_code != 401:
                     failures.append(f"{label} with {what}: {resp.status_code}, not 401")
-                elif problem := envelope_problem(resp.status_code, resp.content):
+                elif problem := api_envelope_problem(url, resp.status_code, resp.content):
                     failures.append(f"{label} with {what}: {problem}")
             resp = _send(client, method, url, op, good, b"{}")
             if resp.status_code in (401, 403):
@@ -91,7 +91,7 @@ def check(base: str, key: str) -> list[str]:
                 continue
             if not 400 <= resp.status_code < 500:
                 failures.append(f"{method} {url} with {what}: {resp.status_code}, not a 4xx")
-            elif problem := envelope_problem(resp.status_code, resp.content):
+            elif problem := api_envelope_problem(url, resp.status_code, resp.content):
                 failures.append(f"{method} {url} with {what}: {problem}")
         print(f"keyed pass: {len(ops)} operations, {len(probes)} bad-input probes")
     return failures

@@ -1,4 +1,5 @@
-"""schemathesis hooks for .ci/fuzz.sh: every error response is an OpenAI error envelope."""
+"""schemathesis hooks for .ci/fuzz.sh: every error response is in its API's error envelope
+(OpenAI's; Anthropic's on ``/v1/messages``)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,39 @@ def envelope_problem(status: int, body: bytes) -> str | None:
     return None
 
 
+def anthropic_envelope_problem(status: int, body: bytes) -> str | None:
+    """Why ``body`` is not Anthropic's ``{"type": "error", "error": {"type", "message"}}``
+    with string type/message; ``None`` if it is."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return f"{status} body is not JSON: {body[:200]!r}"
+    if not isinstance(doc, dict) or doc.get("type") != "error":
+        return f"{status} body is not an Anthropic error: {body[:200]!r}"
+    err = doc.get("error")
+    if not isinstance(err, dict):
+        return f"{status} body has no error object: {body[:200]!r}"
+    for name in ("type", "message"):
+        if not isinstance(err.get(name), str):
+            return f"{status} error.{name} is not a string: {body[:200]!r}"
+    return None
+
+
+def api_envelope_problem(path: str, status: int, body: bytes) -> str | None:
+    """The envelope check for the API at ``path``: Anthropic's under ``/v1/messages``."""
+    if path.startswith("/v1/messages"):
+        return anthropic_envelope_problem(status, body)
+    return envelope_problem(status, body)
+
+
 @schemathesis.check
 def openai_error_envelope(ctx: Any, response: Any, case: Any) -> bool | None:
-    """4xx/5xx responses carry the OpenAI error envelope (application/json)."""
+    """4xx/5xx responses carry their API's error envelope (application/json): Anthropic's on
+    the Messages routes, OpenAI's everywhere else."""
     if response.status_code < 400:
         return None
-    problem = envelope_problem(response.status_code, response.content)
+    path = getattr(getattr(case, "operation", None), "path", "")
+    problem = api_envelope_problem(path, response.status_code, response.content)
     if problem is not None:
         raise AssertionError(problem)
     return None
