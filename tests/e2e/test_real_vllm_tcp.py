@@ -188,6 +188,10 @@ def test_engine_killed_ends_every_request_with_an_error(tcp_gateway: TcpGateway)
         for ev in started:  # both streams are generating
             assert ev.wait(DEATH_BOUND_S)
         with tcp_gateway.client() as c:
+            # the whole request is submitted with the streams but may reach the gateway later
+            deadline = time.monotonic() + DEATH_BOUND_S
+            while _inflight(c) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert _inflight(c) == 3
         os.killpg(tcp_gateway.engine.pid, signal.SIGKILL)
         killed = time.monotonic()
