@@ -27,6 +27,7 @@ from smg_trio.worker.manager import (
     WorkerState,
     _load_model,
 )
+from smg_trio.worker.registry import WorkerConflictError
 from smg_trio.worker.shared_load import SharedLoad
 
 __all__ = ["AttachedWorker", "FrontendManager"]
@@ -88,6 +89,9 @@ class FrontendManager(WorkerManager):
         super().__init__(nursery, client_count=client_count, **kwargs)
         self.client_index = client_index
         self.shared = shared
+        self._table: dict[str, Any] = {}
+        #: URLs whose new entry waits for the worker it replaces to be gone here.
+        self._deferred: set[str] = set()
 
     @contextmanager
     def lease(self, model_id: str, exclude: Collection[str] = ()) -> Iterator[WorkerLease]:
@@ -106,6 +110,7 @@ class FrontendManager(WorkerManager):
 
     def apply(self, table: dict[str, Any]) -> None:
         """Reconcile with one published table."""
+        self._table = table
         if table.get("draining") and not self.draining:
             self.start_draining()
         entries = {e["id"]: e for e in table.get("workers", [])}
@@ -117,8 +122,32 @@ class FrontendManager(WorkerManager):
             known = self.get_worker(worker_id)
             if isinstance(known, AttachedWorker):
                 known.update(entry)
-            elif known is None:
-                self._adopt(entry)
+            elif known is None and entry["url"] not in self._deferred:
+                try:
+                    self._adopt(entry)
+                except WorkerConflictError as exc:
+                    # a replacement (same URL or handshake address, new id): the old worker
+                    # still drains here, and its ipc pair is still bound
+                    holder = self.get_worker(exc.existing_id)
+                    if holder is None:  # pragma: no cover - the registry names a member
+                        raise
+                    self._deferred.add(entry["url"])
+                    self._nursery.start_soon(self._adopt_after, holder, entry["url"])
+
+    async def _adopt_after(self, holder: WorkerState, url: str) -> None:
+        """Adopt the entry that replaces ``holder`` once ``holder`` has drained, left the
+        registry and detached here (so that its sockets are closed), then re-apply."""
+        try:
+            while True:
+                changed = self.registry.changed
+                if holder.worker_id not in self.registry:
+                    break
+                await changed.wait()
+            await holder.stopped.wait()
+        finally:
+            self._deferred.discard(url)
+        log.info("worker %r: the worker it replaces is gone here; attaching the new one", url)
+        self.apply(self._table)
 
     def _adopt(self, entry: dict[str, Any]) -> None:
         spec = WorkerSpec(

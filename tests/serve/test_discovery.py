@@ -149,6 +149,10 @@ async def test_entries_added_removed_changed_and_bad_ones_refused(
             await watcher.poll_once()
             assert handle.manager.workers == []
             assert watcher.applied == {}
+            if handle.frontends is not None:
+                # a replaced worker (same URL, new id) is taken in by every frontend without
+                # a crash: the new entry waits there for the old one to drain and detach
+                assert [f.restarts for f in handle.frontends.frontends] == [0, 0]
 
 
 async def test_the_file_is_watched_toml(ns: IpcNamespace, tmp_path: Path) -> None:
