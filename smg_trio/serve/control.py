@@ -114,6 +114,28 @@ def control_app(manager: WorkerManager, admin: Blueprint, slots: Callable[[str],
                 body, etag = snapshot()
         return Response(body, content_type="application/json", headers={"ETag": etag})
 
+    @app.post("/_smg/unresponsive")
+    async def unresponsive() -> Response:
+        # A frontend saw this worker's engine go silent (or its output fail) with requests in
+        # flight. Client 0 here is idle and so never times the silence itself: latch it dead,
+        # as if it had, so that a launched engine is stopped and relaunched (and an external
+        # one re-handshaken). A report for an older generation is stale and ignored.
+        try:
+            report = msgspec.json.decode(await request.get_data(as_text=False), type=dict)
+        except msgspec.DecodeError:
+            return Response(b"", status=400)
+        worker = manager.get_worker(str(report.get("id", "")))
+        client = None if worker is None else worker.engine_client
+        if (
+            worker is not None
+            and client is not None
+            and client.alive
+            and worker.generation == report.get("generation")
+        ):
+            log.error("worker %r: %s", worker.url, report.get("reason"))
+            client.kill(str(report.get("reason")))
+        return Response(b"", status=204)  # done, or stale (nothing to do)
+
     return app
 
 
@@ -141,6 +163,18 @@ class ControlClient:
         resp = await self._client.get("/_smg/table", params={"known": known})
         resp.raise_for_status()
         return msgspec.json.decode(resp.content), resp.headers.get("etag", "")
+
+    async def report_unresponsive(self, worker_id: str, generation: int, reason: str) -> None:
+        """Tell the supervisor that this worker's engine (``generation``) stopped answering
+        (a failure to tell it is logged: the report is best effort)."""
+        body = {"id": worker_id, "generation": generation, "reason": reason}
+        try:
+            resp = await self._client.post("/_smg/unresponsive", content=msgspec.json.encode(body))
+            resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            log.warning(
+                "engine death of worker %s not reported to the supervisor: %s", worker_id, exc
+            )
 
 
 def _request_target(path: str, query: bytes) -> str:

@@ -165,6 +165,7 @@ async def run_frontend(
                 client_index=index,
                 client_count=count + 1,
                 shared=shared,
+                report_unresponsive=control.report_unresponsive,
                 policy=config.policy,
                 ready_timeout_s=config.worker_startup_timeout_s,
                 silence_timeout_s=config.engine_silence_timeout_s,

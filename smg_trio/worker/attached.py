@@ -5,7 +5,7 @@ handshook, each through this frontend's own ipc pair."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -84,11 +84,15 @@ class FrontendManager(WorkerManager):
         client_index: int,
         client_count: int,
         shared: SharedLoad | None = None,
+        report_unresponsive: Callable[[str, int, str], Awaitable[None]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(nursery, client_count=client_count, **kwargs)
         self.client_index = client_index
         self.shared = shared
+        #: Tells the supervisor (worker id, generation, reason) that an engine this frontend
+        #: drives stopped answering: the supervisor's own client is idle and never sees it.
+        self.report_unresponsive = report_unresponsive
         self._table: dict[str, Any] = {}
         #: URLs whose new entry waits for the worker it replaces to be gone here.
         self._deferred: set[str] = set()
@@ -217,6 +221,18 @@ class FrontendManager(WorkerManager):
             worker.set_client(None)
             stopped.set()
 
+    def _report(self, worker: AttachedWorker, generation: int, reason: str) -> None:
+        if self.report_unresponsive is None:
+            return
+        reason = f"frontend {self.client_index}: {reason}"
+        report = self.report_unresponsive
+
+        async def send() -> None:
+            with trio.move_on_after(10):
+                await report(worker.worker_id, generation, reason)
+
+        self._nursery.start_soon(send)
+
     async def wait_attached(self) -> None:
         """Return once every worker the supervisor reports ready is attached here (or
         failed to load its model here, and so never will be)."""
@@ -276,6 +292,8 @@ class FrontendManager(WorkerManager):
                     worker.status = "ready"
                     await client.dead_event.wait()
                     worker.last_error = str(client.dead_reason)
+                    if not nursery.cancel_scope.cancel_called:  # seen here, not told
+                        self._report(worker, generation, str(client.dead_reason))
             except (EngineError, OSError) as exc:
                 worker.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("worker %r: attach failed: %s", worker.url, exc)

@@ -53,3 +53,54 @@ async def test_dot_segment_ids_reach_the_supervisor_as_ids(
     # What the supervisor's router sees once httpx has built the request line.
     url = httpx.Request(sent_method, "http://supervisor" + sent_path).url
     assert url.path == worker_path
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.alive = True
+        self.killed: list[str] = []
+
+    def kill(self, reason: str) -> None:
+        self.alive = False
+        self.killed.append(reason)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.worker_id, self.url, self.generation = "w1", "ipc:///tmp/x/w", 3
+        self.engine_client = _Client()
+
+
+class _Manager:
+    def __init__(self, worker: _Worker) -> None:
+        self.worker = worker
+
+    def get_worker(self, worker_id: str) -> _Worker | None:
+        return self.worker if worker_id == self.worker.worker_id else None
+
+
+async def test_a_frontends_unresponsive_report_latches_client_0_dead_for_its_generation() -> None:
+    """The supervisor's client 0 is idle and never times an engine's silence: a frontend's
+    report for the current generation latches it dead (so the engine is relaunched), a report
+    for an older generation or an unknown worker changes nothing, a bad body is a 400."""
+    from quart import Blueprint
+
+    from smg_trio.serve.control import control_app
+
+    worker = _Worker()
+    manager: Any = _Manager(worker)
+    app = control_app(manager, Blueprint("admin", __name__), lambda _: 0)
+    client = app.test_client()
+    with trio.fail_after(10):
+        stale = {"id": "w1", "generation": 2, "reason": "frontend 1: old"}
+        assert (await client.post("/_smg/unresponsive", json=stale)).status_code == 204
+        unknown = {"id": "nope", "generation": 3, "reason": "x"}
+        assert (await client.post("/_smg/unresponsive", json=unknown)).status_code == 204
+        bad = await client.post("/_smg/unresponsive", data=b"{not json")
+        assert bad.status_code == 400
+        assert worker.engine_client.killed == []
+        now = {"id": "w1", "generation": 3, "reason": "frontend 2: no engine output for 2 s"}
+        assert (await client.post("/_smg/unresponsive", json=now)).status_code == 204
+        assert worker.engine_client.killed == ["frontend 2: no engine output for 2 s"]
+        assert (await client.post("/_smg/unresponsive", json=now)).status_code == 204
+        assert len(worker.engine_client.killed) == 1  # latched once

@@ -36,7 +36,7 @@ from smg_trio.serve import (  # noqa: E402
 )
 from smg_trio.serve.commands import EngineLaunch  # noqa: E402
 from smg_trio.serve.launcher import EngineExited  # noqa: E402
-from tests.helpers.frontends import single_frontend, with_api_server_count  # noqa: E402
+from tests.helpers.frontends import with_api_server_count  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -144,15 +144,12 @@ async def test_engine_exit_before_registration_fails_at_once() -> None:
     assert len(exits) == 1
 
 
-@single_frontend(
-    "open gap: with frontends, only the frontend holding the request sees the engine go "
-    "silent, and the supervisor (client 0, idle, which owns the engine's liveness) is not "
-    "told, so the stalled engine is not relaunched"
-)
 async def test_stalled_engine_is_stopped_and_relaunched(sock_dir: str) -> None:
     """An engine that is alive but silent (SIGSTOP) trips the silence watchdog; serve then
     stops its process group (SIGTERM + SIGCONT) and relaunches it, and the worker serves
-    again, instead of waiting forever for a handshake a stalled engine never sends."""
+    again, instead of waiting forever for a handshake a stalled engine never sends. With
+    frontend processes, the frontend that times the silence tells the supervisor (whose own
+    client is idle), and the supervisor stops and relaunches the engine the same way."""
     config = attrs.evolve(_config(sock_dir), engine_silence_timeout_s=STALL_SILENCE_S)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
