@@ -82,10 +82,12 @@ def load_config(run_dir: str) -> tuple[GatewayConfig, int, int]:
 
 class _FrontendAsgi:
     """The frontend's ASGI app: ``GET /metrics`` merges every frontend's exposition;
-    ``GET /_smg/metrics`` is this process's own; the rest is the gateway app."""
+    ``GET /_smg/metrics`` is this process's own, on its private unix socket only (``local``;
+    on the public port it is an unknown route); the rest is the gateway app."""
 
-    def __init__(self, app: Any, run_dir: str, index: int, count: int) -> None:
+    def __init__(self, app: Any, run_dir: str, index: int, count: int, *, local: bool) -> None:
         self.app = app
+        self._paths = ("/metrics", LOCAL_METRICS_PATH) if local else ("/metrics",)
         self.extensions = app.extensions  # serve_http reads the gateway's config from it
         self._run_dir = run_dir
         self._index = index
@@ -105,7 +107,7 @@ class _FrontendAsgi:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         path = scope.get("path") if scope["type"] == "http" else None
-        if path not in ("/metrics", LOCAL_METRICS_PATH) or scope["method"] != "GET":
+        if path not in self._paths or scope["method"] != "GET":
             await self.app(scope, receive, send)
             return
         body, content_type = gateway_of(self.app).metrics.render()
@@ -175,7 +177,8 @@ async def run_frontend(
             app = create_app(manager, _http_config(config), operations=ADMIN_OPERATIONS)
             app.register_blueprint(admin_proxy_blueprint(control))
             # serve_http takes any ASGI app that carries the gateway's extensions
-            asgi = cast(QuartTrio, _FrontendAsgi(app, run_dir, index, count))
+            asgi = cast(QuartTrio, _FrontendAsgi(app, run_dir, index, count, local=False))
+            local = cast(QuartTrio, _FrontendAsgi(app, run_dir, index, count, local=True))
             first = trio.Event()
             nursery.start_soon(_sync_table, manager, control, first)
             await first.wait()
@@ -183,7 +186,7 @@ async def run_frontend(
                 await manager.wait_attached()
             await nursery.start(partial(serve_http, asgi, bind=f"fd://{fd}"))
             await nursery.start(
-                partial(serve_http, asgi, bind=f"unix:{frontend_socket(run_dir, index)}")
+                partial(serve_http, local, bind=f"unix:{frontend_socket(run_dir, index)}")
             )
             sys.stdout.write(f"{FRONTEND_READY} {index} pid {os.getpid()}\n")
             sys.stdout.flush()

@@ -133,6 +133,8 @@ async def test_two_frontends_share_routes_metrics_admin_and_load(
         assert all(n > 0 for n in per_frontend), per_frontend  # both frontends served
         async with httpx.AsyncClient(timeout=30) as c:
             merged = (await c.get(f"{url}/metrics")).text
+            # one frontend's own exposition is on its private unix socket only
+            assert (await c.get(f"{url}/_smg/metrics")).status_code == 404
         assert 'smg_router_requests_total{endpoint="chat",status="200"} 30.0' in merged
 
         # every frontend answers the same
