@@ -361,6 +361,13 @@ _USE = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"c
             [*HI, {"role": "assistant", "content": [{**_USE, "input": "Paris"}]}],
             "messages[1].content[0].input",
         ),
+        (  # input is required (Anthropic's API refuses a tool_use without it)
+            [
+                *HI,
+                {"role": "assistant", "content": [{k: v for k, v in _USE.items() if k != "input"}]},
+            ],
+            "messages[1].content[0].input",
+        ),
     ],
 )
 async def test_unmatched_tool_result_and_non_object_tool_input_are_400s(

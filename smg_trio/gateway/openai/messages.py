@@ -109,7 +109,9 @@ def _assistant_blocks(content: list[Any], param: str) -> dict[str, Any]:
         elif kind == "tool_use":
             if not isinstance(block.get("name"), str) or not isinstance(block.get("id"), str):
                 raise _bad("tool_use needs a string id and name", where)
-            if not isinstance(block.get("input", {}), dict):
+            if "input" not in block:  # required, as Anthropic's API requires it
+                raise _bad("tool_use needs an input object", f"{where}.input")
+            if not isinstance(block["input"], dict):
                 raise _bad("tool_use input must be an object", f"{where}.input", "invalid_type")
             calls.append(
                 {
@@ -117,7 +119,7 @@ def _assistant_blocks(content: list[Any], param: str) -> dict[str, Any]:
                     "type": "function",
                     "function": {
                         "name": block["name"],
-                        "arguments": json.dumps(block.get("input", {})),
+                        "arguments": json.dumps(block["input"]),
                     },
                 }
             )
