@@ -69,7 +69,8 @@ class GatewayHttpConfig:
       - ``responses_store_size``: responses the Responses API keeps (0: none); see
         :data:`DEFAULT_RESPONSES_STORE_SIZE`. ``responses_store_max_bytes``: their encoded
         size together (:data:`DEFAULT_RESPONSES_STORE_MAX_BYTES`; the least recently used go first, a larger one is
-        not kept).
+        not kept). ``responses_store_path``: a SQLite file that holds them, shared by every
+        process that names it (the frontends of ``--api-server-count``; ``None``: in memory).
       - ``max_n``: the largest ``n`` accepted (default :data:`DEFAULT_MAX_N`). Larger ``n`` is
         a 400 naming ``n``.
       - ``max_top_logprobs``: cap on chat ``top_logprobs`` and completions ``logprobs``
@@ -107,6 +108,7 @@ class GatewayHttpConfig:
     responses_store_max_bytes: int = attrs.field(
         default=DEFAULT_RESPONSES_STORE_MAX_BYTES, validator=_positive
     )
+    responses_store_path: str | None = None
     max_top_logprobs: int = attrs.field(default=20)
     max_prompts: int = attrs.field(default=128, validator=_positive)
     max_body_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive)

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: This process's own exposition, on its unix socket (``/metrics`` merges every frontend's).
 LOCAL_METRICS_PATH = "/_smg/metrics"
+#: The Responses store shared by the frontends (SQLite), in the private run directory.
+RESPONSES_STORE = "responses.sqlite3"
 #: How long ``/metrics`` waits for another frontend's exposition before leaving it out.
 PEER_METRICS_TIMEOUT_S = 2.0
 
@@ -174,7 +176,12 @@ async def run_frontend(
                 confinement=load_confinement(run_dir) or _confinement(config),
                 worker_wait_timeout_s=config.worker_wait_timeout_s,
             )
-            app = create_app(manager, _http_config(config), operations=ADMIN_OPERATIONS)
+            # one Responses store for every frontend: a response stored here is found there
+            http_config = attrs.evolve(
+                _http_config(config),
+                responses_store_path=os.path.join(run_dir, RESPONSES_STORE),
+            )
+            app = create_app(manager, http_config, operations=ADMIN_OPERATIONS)
             app.register_blueprint(admin_proxy_blueprint(control))
             # serve_http takes any ASGI app that carries the gateway's extensions
             asgi = cast(QuartTrio, _FrontendAsgi(app, run_dir, index, count, local=False))

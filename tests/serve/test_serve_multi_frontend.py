@@ -156,6 +156,23 @@ async def test_two_frontends_share_routes_metrics_admin_and_load(
         assert answers[0][0] == ["mock-tiny"]
         assert answers[0][2] == 2
 
+        # one Responses store: stored on frontend 1, read, chained and deleted on frontend 2
+        turn = {"model": "mock-tiny", "input": "Hello", "max_output_tokens": 4}
+        async with served.frontend(1) as one, served.frontend(2) as two:
+            first = (await one.post("/v1/responses", json=turn)).json()
+            assert first["status"] in ("completed", "incomplete"), first
+            got = await two.get(f"/v1/responses/{first['id']}")
+            assert got.status_code == 200, got.text
+            assert got.json()["output"] == first["output"]
+            chained = await two.post(
+                "/v1/responses", json={**turn, "previous_response_id": first["id"]}
+            )
+            assert chained.status_code == 200, chained.text
+            # the stored conversation came along: the second prompt is the longer one
+            assert chained.json()["usage"]["input_tokens"] > first["usage"]["input_tokens"]
+            assert (await two.delete(f"/v1/responses/{first['id']}")).status_code == 200
+            assert (await one.get(f"/v1/responses/{first['id']}")).status_code == 404
+
         # rank balance with load that both frontends see: 8 long streams at once
         log_before = len(served.log())
         body = {**CHAT, "max_tokens": 300, "stream": True, "ignore_eos": True}

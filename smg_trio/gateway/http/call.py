@@ -33,7 +33,8 @@ from smg_trio.gateway.openai.errors import (
     to_api_error,
 )
 from smg_trio.gateway.openai.fanout import SubRequest
-from smg_trio.gateway.openai.responses_store import ResponseStore
+from smg_trio.gateway.openai.responses_shared import SharedResponseStore
+from smg_trio.gateway.openai.responses_store import ResponseStore, ResponseStoreLike
 from smg_trio.gateway.openai.schemas import decode_body
 
 __all__ = [
@@ -118,9 +119,16 @@ class Gateway:
             config.max_concurrent_requests, config.queue_size, config.queue_timeout_s
         )
         self.tokenizer_limiter = trio.CapacityLimiter(TOKENIZER_THREADS)
-        #: The Responses API's stored responses (per process: see docs/responses.md).
-        self.responses = ResponseStore(
-            config.responses_store_size, config.responses_store_max_bytes
+        #: The Responses API's stored responses (in memory, or shared by every frontend
+        #: through ``responses_store_path``: see docs/responses.md).
+        self.responses: ResponseStoreLike = (
+            ResponseStore(config.responses_store_size, config.responses_store_max_bytes)
+            if config.responses_store_path is None
+            else SharedResponseStore(
+                config.responses_store_path,
+                config.responses_store_size,
+                config.responses_store_max_bytes,
+            )
         )
         metrics.watch_admission(self.admission)
         metrics.watch_backend(backend)

@@ -1,0 +1,64 @@
+"""The Responses store the frontends share (``--api-server-count`` > 1): what one process
+stores, another finds, reads (refreshing its place in the LRU), and deletes; the entry and
+byte bounds hold across processes' writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from smg_trio.gateway.openai.responses_shared import SharedResponseStore
+from smg_trio.gateway.openai.responses_store import StoredResponse
+
+
+def _entry(n: int, nbytes: int = 10) -> StoredResponse:
+    return StoredResponse(
+        {"id": f"resp_{n}", "object": "response", "output": [{"n": n}]},
+        [{"role": "user", "content": f"turn {n}"}],
+        nbytes,
+    )
+
+
+def test_one_process_stores_another_finds_and_deletes(tmp_path: Path) -> None:
+    path = str(tmp_path / "responses.sqlite3")
+    a, b = SharedResponseStore(path, 10), SharedResponseStore(path, 10)
+    a.put("resp_1", _entry(1))
+    got = b.get("resp_1")
+    assert got == _entry(1)
+    assert b.get("resp_2") is None
+    assert b.delete("resp_1")
+    assert not a.delete("resp_1")
+    assert a.get("resp_1") is None
+    a.close()
+    b.close()
+
+
+def test_entry_and_byte_bounds_evict_the_least_recently_used(tmp_path: Path) -> None:
+    path = str(tmp_path / "responses.sqlite3")
+    a, b = SharedResponseStore(path, 3, max_bytes=100), SharedResponseStore(path, 3, 100)
+    for n in (1, 2, 3):
+        (a if n % 2 else b).put(f"resp_{n}", _entry(n))
+    assert b.get("resp_1") is not None  # read: now the most recently used
+    a.put("resp_4", _entry(4))  # one over the entry bound: resp_2 goes
+    assert [n for n in (1, 2, 3, 4) if b.get(f"resp_{n}") is not None] == [1, 3, 4]
+    assert len(a) == 3
+    b.put("resp_5", _entry(5, nbytes=80))  # 4 entries: the oldest (1) goes; 100 bytes fit
+    assert [n for n in (1, 3, 4, 5) if a.get(f"resp_{n}") is not None] == [3, 4, 5]
+    assert a.nbytes == 100
+    b.put("resp_big", _entry(6, nbytes=101))  # larger than the budget: not kept
+    assert a.get("resp_big") is None
+    assert len(b) == 3
+    b.put("resp_4", _entry(44, nbytes=20))  # replaced, counted once: 110 bytes, 3 goes
+    assert a.nbytes == 100
+    assert a.get("resp_3") is None
+    assert a.get("resp_4") == _entry(44, nbytes=20)
+
+
+def test_size_zero_keeps_nothing_and_negative_is_refused(tmp_path: Path) -> None:
+    path = str(tmp_path / "responses.sqlite3")
+    store = SharedResponseStore(path, 0)
+    store.put("resp_1", _entry(1))
+    assert store.get("resp_1") is None
+    with pytest.raises(ValueError, match=">= 0"):
+        SharedResponseStore(path, -1)
