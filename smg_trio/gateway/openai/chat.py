@@ -44,7 +44,15 @@ from smg_trio.gateway.openai.translate import (
     resolve_max_tokens,
 )
 
-__all__ = ["CHAT", "ChatApi", "ChatDraft", "ChatJob", "ChatStreamRenderer", "check_chat_input"]
+__all__ = [
+    "CHAT",
+    "ChatApi",
+    "ChatDraft",
+    "ChatJob",
+    "ChatJobView",
+    "ChatStreamRenderer",
+    "check_chat_input",
+]
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -310,6 +318,30 @@ class ChatJob:
                 tok, self.subs[0].pipeline.prompt_logprobs, self.prompt_ids, self.prompt_k
             )
         return out
+
+
+class ChatJobView:
+    """The :class:`~smg_trio.gateway.openai.api.Job` properties of a job that wraps a
+    :class:`ChatJob` as ``chat`` (Messages, Responses): its sub-requests, usage and routing."""
+
+    __slots__ = ()
+    chat: ChatJob
+
+    @property
+    def subs(self) -> list[SubRequest]:
+        return self.chat.subs
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.chat.prompt_tokens
+
+    @property
+    def stream(self) -> bool:
+        return self.chat.stream
+
+    @property
+    def data_parallel_rank(self) -> int | None:
+        return self.chat.data_parallel_rank
 
 
 def _tool_call_deltas(delta: TextDelta) -> list[ToolCallDeltaOut]:
