@@ -16,7 +16,7 @@ from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.calls import merge_calls
 from smg_trio.gateway.openai.fanout import SubRequest, usage_of
-from smg_trio.gateway.openai.framing import ChunkFramer
+from smg_trio.gateway.openai.framing import ChunkFramer, StreamUsage
 from smg_trio.gateway.openai.logprobs import chat_logprobs, merge_runs, prompt_logprobs
 from smg_trio.gateway.openai.schemas import (
     ChatChoice,
@@ -375,13 +375,17 @@ class ChatStreamRenderer:
         )
         self._tok = job.served.tokenizer
         self._subs: Sequence[SubRequest] = job.subs
-        self._prompt_tokens = job.prompt_tokens
         self._k = job.top_logprobs
-        self._include_usage = job.include_usage
-        self._continuous = job.continuous_usage
+        self._usage = StreamUsage(
+            self._framer,
+            job.prompt_tokens,
+            job.subs,
+            include=job.include_usage,
+            continuous=job.continuous_usage,
+        )
 
     def start(self) -> bytes:
-        usage = usage_of(self._prompt_tokens, self._subs) if self._continuous else None
+        usage = self._usage.running()
         return b"".join(
             self._framer.frame(ChunkChoice(i, Delta(role="assistant", content="")), usage)
             for i in range(len(self._subs))
@@ -403,10 +407,8 @@ class ChatStreamRenderer:
             finish,
             UNSET if finish is None else delta.stop_reason,
         )
-        usage = usage_of(self._prompt_tokens, self._subs) if self._continuous else None
+        usage = self._usage.running()
         return self._framer.frame(choice, usage)
 
     def end(self) -> bytes:
-        if not self._include_usage:
-            return b""
-        return self._framer.usage_frame(usage_of(self._prompt_tokens, self._subs))
+        return self._usage.final()

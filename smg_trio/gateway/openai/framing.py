@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import msgspec
 
 from smg_trio.gateway.openai.errors import ErrorBody, to_api_error
-from smg_trio.gateway.openai.fanout import SubRequest
+from smg_trio.gateway.openai.fanout import SubRequest, usage_of
 from smg_trio.gateway.openai.schemas import Usage
 from smg_trio.gateway.openai.textgen import TextDelta
 
-__all__ = ["DONE", "ChunkFramer", "StreamRenderer", "error_event", "stream_done", "stream_error"]
+__all__ = [
+    "DONE",
+    "ChunkFramer",
+    "StreamRenderer",
+    "StreamUsage",
+    "error_event",
+    "stream_done",
+    "stream_error",
+]
 
 #: The stream terminator, sent exactly once, last.
 DONE = b"data: [DONE]\n\n"
@@ -54,6 +63,38 @@ class ChunkFramer:
     def usage_frame(self, usage: Usage) -> bytes:
         """The final usage chunk (``choices: []``)."""
         return self._head + b'],"usage":' + _encode(usage) + b"}\n\n"
+
+
+class StreamUsage:
+    """A stream's ``stream_options`` usage: the running ``usage`` of each chunk with
+    ``continuous_usage_stats``, the final usage chunk with ``include_usage``."""
+
+    __slots__ = ("_continuous", "_framer", "_include", "_prompt_tokens", "_subs")
+
+    def __init__(
+        self,
+        framer: ChunkFramer,
+        prompt_tokens: int,
+        subs: Sequence[SubRequest],
+        *,
+        include: bool,
+        continuous: bool,
+    ) -> None:
+        self._framer = framer
+        self._prompt_tokens = prompt_tokens
+        self._subs = subs
+        self._include = include
+        self._continuous = continuous
+
+    def running(self) -> Usage | None:
+        """The ``usage`` to put on a chunk now (``None``: none asked)."""
+        return usage_of(self._prompt_tokens, self._subs) if self._continuous else None
+
+    def final(self) -> bytes:
+        """The usage chunk that ends the stream before ``[DONE]``, or nothing."""
+        if not self._include:
+            return b""
+        return self._framer.usage_frame(usage_of(self._prompt_tokens, self._subs))
 
 
 class StreamRenderer(Protocol):
