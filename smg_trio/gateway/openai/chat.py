@@ -38,6 +38,7 @@ from smg_trio.gateway.openai.translate import (
     build_plan,
     build_requests,
     check_prompt_fits,
+    check_stream_prompt_logprobs,
     check_token_budget,
     choice_params,
     reasoning_tags,
@@ -94,12 +95,7 @@ def _check_chat_fields(body: ChatCompletionRequest) -> None:
         raise ValidationError(
             "top_logprobs requires logprobs to be true", param="top_logprobs", code="invalid_value"
         )
-    if body.stream and body.prompt_logprobs is not None:
-        raise ValidationError(
-            "prompt_logprobs is not supported with stream=true",
-            param="prompt_logprobs",
-            code="invalid_value",
-        )
+    check_stream_prompt_logprobs(body)
     for i, tool in enumerate(body.tools or ()):
         _check_tool(tool, f"tools[{i}]")
 

@@ -40,6 +40,7 @@ from smg_trio.gateway.openai.translate import (
     build_plan,
     build_requests,
     check_prompt_fits,
+    check_stream_prompt_logprobs,
     check_token_budget,
     check_token_ids_fit,
     choice_params,
@@ -84,12 +85,7 @@ def _check_fields(body: CompletionRequest) -> bool:
     (``echo`` with ``max_tokens: 0``)."""
     if body.suffix:
         raise ValidationError("suffix is not supported", param="suffix", code="unsupported_field")
-    if body.stream and body.prompt_logprobs is not None:
-        raise ValidationError(
-            "prompt_logprobs is not supported with stream=true",
-            param="prompt_logprobs",
-            code="invalid_value",
-        )
+    check_stream_prompt_logprobs(body)
     echo_only = bool(body.echo) and body.max_tokens == 0
     if body.max_tokens == 0 and not echo_only:
         raise ValidationError(
