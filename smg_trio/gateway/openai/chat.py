@@ -372,13 +372,7 @@ class ChatStreamRenderer:
         self._tok = job.served.tokenizer
         self._subs: Sequence[SubRequest] = job.subs
         self._k = job.top_logprobs
-        self._usage = StreamUsage(
-            self._framer,
-            job.prompt_tokens,
-            job.subs,
-            include=job.include_usage,
-            continuous=job.continuous_usage,
-        )
+        self._usage = StreamUsage(self._framer, job)
 
     def start(self) -> bytes:
         usage = self._usage.running()

@@ -302,13 +302,7 @@ class CompletionStreamRenderer:
         self._echo = job.echo
         self._echoed = [False] * len(subs)
         self._offset = [0] * len(subs)
-        self._usage = StreamUsage(
-            self._framer,
-            job.prompt_tokens,
-            job.subs,
-            include=job.include_usage,
-            continuous=job.continuous_usage,
-        )
+        self._usage = StreamUsage(self._framer, job)
 
     def start(self) -> bytes:
         return b""
@@ -358,7 +352,4 @@ class _AnsweredRenderer:
         raise AssertionError("an answered request has no engine output")
 
     def end(self) -> bytes:
-        job = self._job
-        return StreamUsage(
-            self._framer, job.prompt_tokens, job.subs, include=job.include_usage, continuous=False
-        ).final()
+        return StreamUsage(self._framer, self._job).final()

@@ -17,6 +17,7 @@ __all__ = [
     "ChunkFramer",
     "StreamRenderer",
     "StreamUsage",
+    "UsageJob",
     "error_event",
     "stream_done",
     "stream_error",
@@ -65,26 +66,34 @@ class ChunkFramer:
         return self._head + b'],"usage":' + _encode(usage) + b"}\n\n"
 
 
+class UsageJob(Protocol):
+    """What :class:`StreamUsage` reads of a job (chat's, completions')."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def subs(self) -> Sequence[SubRequest]: ...
+
+    @property
+    def include_usage(self) -> bool: ...
+
+    @property
+    def continuous_usage(self) -> bool: ...
+
+
 class StreamUsage:
     """A stream's ``stream_options`` usage: the running ``usage`` of each chunk with
     ``continuous_usage_stats``, the final usage chunk with ``include_usage``."""
 
     __slots__ = ("_continuous", "_framer", "_include", "_prompt_tokens", "_subs")
 
-    def __init__(
-        self,
-        framer: ChunkFramer,
-        prompt_tokens: int,
-        subs: Sequence[SubRequest],
-        *,
-        include: bool,
-        continuous: bool,
-    ) -> None:
+    def __init__(self, framer: ChunkFramer, job: UsageJob) -> None:
         self._framer = framer
-        self._prompt_tokens = prompt_tokens
-        self._subs = subs
-        self._include = include
-        self._continuous = continuous
+        self._prompt_tokens = job.prompt_tokens
+        self._subs = job.subs
+        self._include = job.include_usage
+        self._continuous = job.continuous_usage
 
     def running(self) -> Usage | None:
         """The ``usage`` to put on a chunk now (``None``: none asked)."""
