@@ -149,50 +149,43 @@ def create_app(
     for path, route in routes.items():
         app.add_url_rule(path, path, _view(route), methods=["POST"])
 
-    @app.get("/v1/responses/<response_id>")
-    async def get_response(response_id: str) -> Response:
+    def authed_json(answer: Callable[[], bytes]) -> Response:
+        """A GET under ``--api-key``: 200 with ``answer()``, or the envelope of the
+        ``ApiError`` that auth or ``answer`` raises; ``x-request-id`` on both."""
         req = _current()
         rid = gw.request_id(req)
         try:
             gw.check_auth(req)
+            return json_response(200, answer(), rid)
+        except ApiError as exc:
+            return json_response(exc.status, exc.body(), rid)
+
+    @app.get("/v1/responses/<response_id>")
+    async def get_response(response_id: str) -> Response:
+        def stored() -> bytes:
             entry = gw.responses.get(response_id)
             if entry is None:
                 raise _response_not_found(response_id)
-            return json_response(200, msgspec.json.encode(entry.response), rid)
-        except ApiError as exc:
-            return json_response(exc.status, exc.body(), rid)
+            return msgspec.json.encode(entry.response)
+
+        return authed_json(stored)
 
     @app.delete("/v1/responses/<response_id>")
     async def delete_response(response_id: str) -> Response:
-        req = _current()
-        rid = gw.request_id(req)
-        try:
-            gw.check_auth(req)
+        def deleted() -> bytes:
             if not gw.responses.delete(response_id):
                 raise _response_not_found(response_id)
-            return json_response(200, msgspec.json.encode(ResponseDeleted(response_id)), rid)
-        except ApiError as exc:
-            return json_response(exc.status, exc.body(), rid)
+            return msgspec.json.encode(ResponseDeleted(response_id))
+
+        return authed_json(deleted)
 
     @app.get("/v1/models")
     async def models() -> Response:
-        req = _current()
-        rid = gw.request_id(req)
-        try:
-            gw.check_auth(req)
-            return json_response(200, model_list(backend), rid)
-        except ApiError as exc:
-            return json_response(exc.status, exc.body(), rid)
+        return authed_json(lambda: model_list(backend))
 
     @app.get("/v1/models/<path:model_id>")
     async def model(model_id: str) -> Response:
-        req = _current()
-        rid = gw.request_id(req)
-        try:
-            gw.check_auth(req)
-            return json_response(200, model_detail(backend, model_id), rid)
-        except ApiError as exc:
-            return json_response(exc.status, exc.body(), rid)
+        return authed_json(lambda: model_detail(backend, model_id))
 
     def _probe(result: tuple[int, bytes], content_type: str = "text/plain") -> Response:
         status, body = result

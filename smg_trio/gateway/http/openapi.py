@@ -71,45 +71,72 @@ class Operation:
 
 
 _INFERENCE_ERRORS = ("400", "401", "404", "413", "415", "429", "500", "503", "504")
+#: The engine-free routes' (``http/utility.py``): the body and admission steps, no engine.
+_UTILITY_ERRORS = ("400", "401", "404", "413", "415", "429")
+
+
+def _inference(
+    path: str, operation_id: str, summary: str, tag: str, request: type, response: type
+) -> Operation:
+    """An inference route (an ``INFERENCE_APIS`` row): a JSON body, SSE with stream=true."""
+    return Operation(
+        "post",
+        path,
+        operation_id,
+        summary,
+        "api",
+        tag,
+        request=request,
+        response=response,
+        stream=True,
+        errors=_INFERENCE_ERRORS,
+    )
+
+
+def _utility(
+    name: str, summary: str, alias_summary: str, request: type, response: type
+) -> tuple[Operation, Operation]:
+    """A vLLM utility route at ``/v1/{name}`` and the same at vLLM's own ``/{name}``."""
+    v1 = Operation(
+        "post",
+        f"/v1/{name}",
+        name,
+        summary,
+        "api",
+        "vllm",
+        request=request,
+        response=response,
+        errors=_UTILITY_ERRORS,
+    )
+    return v1, attrs.evolve(v1, path=f"/{name}", operation_id=f"{name}Vllm", summary=alias_summary)
+
 
 #: The documented API. A new route (Responses, Messages, tokenize...) adds a row here, with
 #: its msgspec request and response types.
 OPERATIONS: tuple[Operation, ...] = (
-    Operation(
-        "post",
+    _inference(
         "/v1/chat/completions",
         "createChatCompletion",
         "Chat completion (OpenAI); streams SSE with stream=true",
-        "api",
         "openai",
-        request=ChatCompletionRequest,
-        response=ChatCompletion,
-        stream=True,
-        errors=_INFERENCE_ERRORS,
+        ChatCompletionRequest,
+        ChatCompletion,
     ),
-    Operation(
-        "post",
+    _inference(
         "/v1/completions",
         "createCompletion",
         "Text completion (OpenAI legacy); streams SSE with stream=true",
-        "api",
         "openai",
-        request=CompletionRequest,
-        response=Completion,
-        stream=True,
-        errors=_INFERENCE_ERRORS,
+        CompletionRequest,
+        Completion,
     ),
-    Operation(
-        "post",
+    _inference(
         "/v1/responses",
         "createResponse",
         "OpenAI Responses; streams response.* events with stream=true",
-        "api",
         "openai",
-        request=ResponsesRequest,
-        response=ResponseObject,
-        stream=True,
-        errors=_INFERENCE_ERRORS,
+        ResponsesRequest,
+        ResponseObject,
     ),
     Operation(
         "get",
@@ -131,18 +158,14 @@ OPERATIONS: tuple[Operation, ...] = (
         response=ResponseDeleted,
         errors=("401", "404"),
     ),
-    Operation(
-        "post",
+    _inference(
         "/v1/messages",
         "createMessage",
         "Anthropic Messages; streams Anthropic's events with stream=true; errors in "
         "Anthropic's envelope; x-api-key or bearer auth",
-        "api",
         "anthropic",
-        request=MessagesRequest,
-        response=AnthropicMessage,
-        stream=True,
-        errors=_INFERENCE_ERRORS,
+        MessagesRequest,
+        AnthropicMessage,
     ),
     Operation(
         "post",
@@ -153,51 +176,22 @@ OPERATIONS: tuple[Operation, ...] = (
         "anthropic",
         request=CountTokensRequest,
         response=CountTokensResponse,
-        errors=("400", "401", "404", "413", "415", "429"),
+        errors=_UTILITY_ERRORS,
     ),
-    Operation(
-        "post",
-        "/v1/tokenize",
+    *_utility(
         "tokenize",
         "Tokenize a prompt or chat messages (vLLM's shape; also at /tokenize)",
-        "api",
-        "vllm",
-        request=TokenizeRequest,
-        response=TokenizeResponse,
-        errors=("400", "401", "404", "413", "415", "429"),
-    ),
-    Operation(
-        "post",
-        "/tokenize",
-        "tokenizeVllm",
         "Tokenize (vLLM's path)",
-        "api",
-        "vllm",
-        request=TokenizeRequest,
-        response=TokenizeResponse,
-        errors=("400", "401", "404", "413", "415", "429"),
+        TokenizeRequest,
+        TokenizeResponse,
     ),
-    Operation(
-        "post",
-        "/v1/detokenize",
+    *_utility(
         "detokenize",
-        "Decode token ids (vLLM's shape; also at /detokenize); an id outside the vocabulary is a 400",
-        "api",
-        "vllm",
-        request=DetokenizeRequest,
-        response=DetokenizeResponse,
-        errors=("400", "401", "404", "413", "415", "429"),
-    ),
-    Operation(
-        "post",
-        "/detokenize",
-        "detokenizeVllm",
+        "Decode token ids (vLLM's shape; also at /detokenize); an id outside the vocabulary "
+        "is a 400",
         "Decode token ids (vLLM's path)",
-        "api",
-        "vllm",
-        request=DetokenizeRequest,
-        response=DetokenizeResponse,
-        errors=("400", "401", "404", "413", "415", "429"),
+        DetokenizeRequest,
+        DetokenizeResponse,
     ),
     Operation(
         "get",

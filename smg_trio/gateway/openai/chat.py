@@ -16,7 +16,7 @@ from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.calls import merge_calls
 from smg_trio.gateway.openai.fanout import SubRequest, usage_of
-from smg_trio.gateway.openai.framing import ChunkFramer
+from smg_trio.gateway.openai.framing import ChunkFramer, StreamUsage
 from smg_trio.gateway.openai.logprobs import chat_logprobs, merge_runs, prompt_logprobs
 from smg_trio.gateway.openai.schemas import (
     ChatChoice,
@@ -38,13 +38,22 @@ from smg_trio.gateway.openai.translate import (
     build_plan,
     build_requests,
     check_prompt_fits,
+    check_stream_prompt_logprobs,
     check_token_budget,
     choice_params,
     reasoning_tags,
     resolve_max_tokens,
 )
 
-__all__ = ["CHAT", "ChatApi", "ChatDraft", "ChatJob", "ChatStreamRenderer", "check_chat_input"]
+__all__ = [
+    "CHAT",
+    "ChatApi",
+    "ChatDraft",
+    "ChatJob",
+    "ChatJobView",
+    "ChatStreamRenderer",
+    "check_chat_input",
+]
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -86,12 +95,7 @@ def _check_chat_fields(body: ChatCompletionRequest) -> None:
         raise ValidationError(
             "top_logprobs requires logprobs to be true", param="top_logprobs", code="invalid_value"
         )
-    if body.stream and body.prompt_logprobs is not None:
-        raise ValidationError(
-            "prompt_logprobs is not supported with stream=true",
-            param="prompt_logprobs",
-            code="invalid_value",
-        )
+    check_stream_prompt_logprobs(body)
     for i, tool in enumerate(body.tools or ()):
         _check_tool(tool, f"tools[{i}]")
 
@@ -312,6 +316,30 @@ class ChatJob:
         return out
 
 
+class ChatJobView:
+    """The :class:`~smg_trio.gateway.openai.api.Job` properties of a job that wraps a
+    :class:`ChatJob` as ``chat`` (Messages, Responses): its sub-requests, usage and routing."""
+
+    __slots__ = ()
+    chat: ChatJob
+
+    @property
+    def subs(self) -> list[SubRequest]:
+        return self.chat.subs
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.chat.prompt_tokens
+
+    @property
+    def stream(self) -> bool:
+        return self.chat.stream
+
+    @property
+    def data_parallel_rank(self) -> int | None:
+        return self.chat.data_parallel_rank
+
+
 def _tool_call_deltas(delta: TextDelta) -> list[ToolCallDeltaOut]:
     """``delta.tool_calls``: ``id``, ``type`` and ``name`` in a call's first delta only."""
     out = []
@@ -343,13 +371,11 @@ class ChatStreamRenderer:
         )
         self._tok = job.served.tokenizer
         self._subs: Sequence[SubRequest] = job.subs
-        self._prompt_tokens = job.prompt_tokens
         self._k = job.top_logprobs
-        self._include_usage = job.include_usage
-        self._continuous = job.continuous_usage
+        self._usage = StreamUsage(self._framer, job)
 
     def start(self) -> bytes:
-        usage = usage_of(self._prompt_tokens, self._subs) if self._continuous else None
+        usage = self._usage.running()
         return b"".join(
             self._framer.frame(ChunkChoice(i, Delta(role="assistant", content="")), usage)
             for i in range(len(self._subs))
@@ -371,10 +397,8 @@ class ChatStreamRenderer:
             finish,
             UNSET if finish is None else delta.stop_reason,
         )
-        usage = usage_of(self._prompt_tokens, self._subs) if self._continuous else None
+        usage = self._usage.running()
         return self._framer.frame(choice, usage)
 
     def end(self) -> bytes:
-        if not self._include_usage:
-            return b""
-        return self._framer.usage_frame(usage_of(self._prompt_tokens, self._subs))
+        return self._usage.final()

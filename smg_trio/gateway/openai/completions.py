@@ -18,7 +18,7 @@ from smg_trio.errors import ValidationError
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.fanout import SubRequest, usage_of
-from smg_trio.gateway.openai.framing import ChunkFramer
+from smg_trio.gateway.openai.framing import ChunkFramer, StreamUsage
 from smg_trio.gateway.openai.logprobs import (
     completion_logprobs,
     echo_logprobs,
@@ -40,6 +40,7 @@ from smg_trio.gateway.openai.translate import (
     build_plan,
     build_requests,
     check_prompt_fits,
+    check_stream_prompt_logprobs,
     check_token_budget,
     check_token_ids_fit,
     choice_params,
@@ -84,12 +85,7 @@ def _check_fields(body: CompletionRequest) -> bool:
     (``echo`` with ``max_tokens: 0``)."""
     if body.suffix:
         raise ValidationError("suffix is not supported", param="suffix", code="unsupported_field")
-    if body.stream and body.prompt_logprobs is not None:
-        raise ValidationError(
-            "prompt_logprobs is not supported with stream=true",
-            param="prompt_logprobs",
-            code="invalid_value",
-        )
+    check_stream_prompt_logprobs(body)
     echo_only = bool(body.echo) and body.max_tokens == 0
     if body.max_tokens == 0 and not echo_only:
         raise ValidationError(
@@ -301,15 +297,12 @@ class CompletionStreamRenderer:
         subs = job.subs
         self._framer = job.framer()
         self._tok = job.served.tokenizer
-        self._subs: Sequence[SubRequest] = subs
-        self._prompt_tokens = job.prompt_tokens
         self._n = job.n
         self._k = job.logprobs
         self._echo = job.echo
         self._echoed = [False] * len(subs)
         self._offset = [0] * len(subs)
-        self._include_usage = job.include_usage
-        self._continuous = job.continuous_usage
+        self._usage = StreamUsage(self._framer, job)
 
     def start(self) -> bytes:
         return b""
@@ -334,13 +327,11 @@ class CompletionStreamRenderer:
         choice = CompletionChunkChoice(
             i, text, lp, finish, UNSET if finish is None else delta.stop_reason
         )
-        usage = usage_of(self._prompt_tokens, self._subs) if self._continuous else None
+        usage = self._usage.running()
         return self._framer.frame(choice, usage)
 
     def end(self) -> bytes:
-        if not self._include_usage:
-            return b""
-        return self._framer.usage_frame(usage_of(self._prompt_tokens, self._subs))
+        return self._usage.final()
 
 
 class _AnsweredRenderer:
@@ -361,7 +352,4 @@ class _AnsweredRenderer:
         raise AssertionError("an answered request has no engine output")
 
     def end(self) -> bytes:
-        job = self._job
-        if not job.include_usage:
-            return b""
-        return self._framer.usage_frame(usage_of(job.prompt_tokens, job.subs))
+        return StreamUsage(self._framer, self._job).final()

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import msgspec
 
 from smg_trio.gateway.openai.errors import ErrorBody, to_api_error
-from smg_trio.gateway.openai.fanout import SubRequest
+from smg_trio.gateway.openai.fanout import SubRequest, usage_of
 from smg_trio.gateway.openai.schemas import Usage
 from smg_trio.gateway.openai.textgen import TextDelta
 
-__all__ = ["DONE", "ChunkFramer", "StreamRenderer", "error_event", "stream_done", "stream_error"]
+__all__ = [
+    "DONE",
+    "ChunkFramer",
+    "StreamRenderer",
+    "StreamUsage",
+    "UsageJob",
+    "error_event",
+    "stream_done",
+    "stream_error",
+]
 
 #: The stream terminator, sent exactly once, last.
 DONE = b"data: [DONE]\n\n"
@@ -54,6 +64,46 @@ class ChunkFramer:
     def usage_frame(self, usage: Usage) -> bytes:
         """The final usage chunk (``choices: []``)."""
         return self._head + b'],"usage":' + _encode(usage) + b"}\n\n"
+
+
+class UsageJob(Protocol):
+    """What :class:`StreamUsage` reads of a job (chat's, completions')."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def subs(self) -> Sequence[SubRequest]: ...
+
+    @property
+    def include_usage(self) -> bool: ...
+
+    @property
+    def continuous_usage(self) -> bool: ...
+
+
+class StreamUsage:
+    """A stream's ``stream_options`` usage: the running ``usage`` of each chunk with
+    ``continuous_usage_stats``, the final usage chunk with ``include_usage``."""
+
+    __slots__ = ("_continuous", "_framer", "_include", "_prompt_tokens", "_subs")
+
+    def __init__(self, framer: ChunkFramer, job: UsageJob) -> None:
+        self._framer = framer
+        self._prompt_tokens = job.prompt_tokens
+        self._subs = job.subs
+        self._include = job.include_usage
+        self._continuous = job.continuous_usage
+
+    def running(self) -> Usage | None:
+        """The ``usage`` to put on a chunk now (``None``: none asked)."""
+        return usage_of(self._prompt_tokens, self._subs) if self._continuous else None
+
+    def final(self) -> bytes:
+        """The usage chunk that ends the stream before ``[DONE]``, or nothing."""
+        if not self._include:
+            return b""
+        return self._framer.usage_frame(usage_of(self._prompt_tokens, self._subs))
 
 
 class StreamRenderer(Protocol):

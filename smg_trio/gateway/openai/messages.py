@@ -16,7 +16,7 @@ from smg_trio.errors import ValidationError
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.calls import Call, call_input, input_json, merge_calls, needs_flags
-from smg_trio.gateway.openai.chat import CHAT, ChatDraft, ChatJob
+from smg_trio.gateway.openai.chat import CHAT, ChatDraft, ChatJob, ChatJobView
 from smg_trio.gateway.openai.errors import anthropic_envelope, to_api_error
 from smg_trio.gateway.openai.fanout import SubRequest
 from smg_trio.gateway.openai.messages_schemas import (
@@ -313,28 +313,12 @@ class MessagesDraft:
 
 
 @attrs.frozen
-class MessagesJob:
+class MessagesJob(ChatJobView):
     """A planned Messages request (see :class:`~smg_trio.gateway.openai.api.Job`)."""
 
     chat: ChatJob
     stops: tuple[str, ...]
     answered: bool = False
-
-    @property
-    def subs(self) -> list[SubRequest]:
-        return self.chat.subs
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.chat.prompt_tokens
-
-    @property
-    def stream(self) -> bool:
-        return self.chat.stream
-
-    @property
-    def data_parallel_rank(self) -> int | None:
-        return self.chat.data_parallel_rank
 
     def renderer(self) -> MessagesStreamRenderer:
         return MessagesStreamRenderer(self)

@@ -17,7 +17,7 @@ from smg_trio.errors import ValidationError
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.calls import merge_calls, needs_flags, new_call_id
-from smg_trio.gateway.openai.chat import CHAT, ChatDraft, ChatJob
+from smg_trio.gateway.openai.chat import CHAT, ChatDraft, ChatJob, ChatJobView
 from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.gateway.openai.fanout import SubRequest
 from smg_trio.gateway.openai.responses_schemas import ResponseObject, ResponsesRequest
@@ -278,7 +278,7 @@ def _item_id(prefix: str) -> str:
 
 
 @attrs.frozen
-class ResponsesJob:
+class ResponsesJob(ChatJobView):
     """A planned Responses request (see :class:`~smg_trio.gateway.openai.api.Job`)."""
 
     chat: ChatJob
@@ -286,22 +286,6 @@ class ResponsesJob:
     history: list[dict[str, Any]]
     store: ResponseStoreLike | None
     answered: bool = False
-
-    @property
-    def subs(self) -> list[SubRequest]:
-        return self.chat.subs
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.chat.prompt_tokens
-
-    @property
-    def stream(self) -> bool:
-        return self.chat.stream
-
-    @property
-    def data_parallel_rank(self) -> int | None:
-        return self.chat.data_parallel_rank
 
     def renderer(self) -> ResponsesStreamRenderer:
         return ResponsesStreamRenderer(self)

@@ -36,6 +36,7 @@ __all__ = [
     "build_requests",
     "check_data_parallel_rank",
     "check_prompt_fits",
+    "check_stream_prompt_logprobs",
     "check_token_budget",
     "check_token_ids_fit",
     "reasoning_tags",
@@ -237,6 +238,12 @@ def _check_logprobs(lp: LogprobRequest, caps: Capabilities, config: GatewayHttpC
             raise UnsupportedField(param, caps.engine, f"at most {engine_max} {what}")
     if lp.prompt_k is not None and not caps.prompt_logprobs:
         raise UnsupportedField(lp.prompt_param, caps.engine, "prompt logprobs")
+
+
+def check_stream_prompt_logprobs(body: SamplingRequest) -> None:
+    """``prompt_logprobs`` ride on a whole response only: with ``stream`` they are a 400."""
+    if body.stream and body.prompt_logprobs is not None:
+        raise _bad("prompt_logprobs is not supported with stream=true", "prompt_logprobs")
 
 
 def build_plan(
