@@ -30,9 +30,14 @@ from smg_trio.worker.manager import (
 from smg_trio.worker.registry import WorkerConflictError
 from smg_trio.worker.shared_load import SharedLoad
 
-__all__ = ["AttachedWorker", "FrontendManager"]
+__all__ = ["ATTACH_PATIENCE_S", "AttachedWorker", "FrontendManager"]
 
 log = logging.getLogger(__name__)
+
+#: How long a frontend's startup waits for a ready worker's engines to connect to its fresh
+#: sockets: a live engine's ZMQ I/O thread connects within moments, a stalled one (SIGSTOP)
+#: never; past this the frontend serves without it (it attaches once they connect).
+ATTACH_PATIENCE_S = 10.0
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -45,6 +50,9 @@ class AttachedWorker(WorkerState):
     shared: SharedLoad | None = None
     #: Its model could not be loaded here: it never attaches (see ``last_error``).
     load_failed: bool = False
+    #: This attach has waited :data:`ATTACH_PATIENCE_S` for the engines to connect: the
+    #: frontend's startup no longer waits for it.
+    attach_stalled: bool = False
 
     def update(self, entry: dict[str, Any]) -> None:
         """Take the supervisor's new entry and wake the attach loop."""
@@ -235,7 +243,8 @@ class FrontendManager(WorkerManager):
 
     async def wait_attached(self) -> None:
         """Return once every worker the supervisor reports ready is attached here (or
-        failed to load its model here, and so never will be)."""
+        failed to load its model here, and so never will be, or whose engines have not
+        connected within :data:`ATTACH_PATIENCE_S`: a stalled engine)."""
         while True:
             changed = self.registry.changed
             pending = [
@@ -245,6 +254,7 @@ class FrontendManager(WorkerManager):
                 and w.entry.get("status") == "ready"
                 and w.engine_client is None
                 and not w.load_failed
+                and not w.attach_stalled
             ]
             if not pending:
                 return
@@ -275,7 +285,22 @@ class FrontendManager(WorkerManager):
                     client.kill(reason)  # in-flight requests end with the supervisor's reason
                 nursery.cancel_scope.cancel()
 
+            async def patience() -> None:
+                await trio.sleep(ATTACH_PATIENCE_S)
+                if worker.engine_client is None:
+                    log.warning(
+                        "worker %r: its engines have not connected to frontend %d after %g s "
+                        "(a stalled engine?); serving without it until they do",
+                        worker.url,
+                        self.client_index,
+                        ATTACH_PATIENCE_S,
+                    )
+                    worker.attach_stalled = True
+                    self.registry.touch()
+
+            worker.attach_stalled = False
             nursery.start_soon(watch)
+            nursery.start_soon(patience)
             slot = entry.get("slot", -1)
             # the DP-rank choice counts every frontend's requests on each rank
             ranks = self.shared.ranks(slot) if self.shared is not None and slot >= 0 else None
