@@ -79,12 +79,6 @@ _OUTPUT_BURST = 16
 #: Ids retired by an abort are remembered so that an engine that registered the request late
 #: (its ABORT raced ahead of registration) is told again when its output shows up.
 _ABORTED_MEMORY = 4096
-#: A send to an engine the ROUTER cannot route to yet is retried this often, for at most
-#: ``_ROUTE_SETTLE_TRIES`` tries: a peer whose connection finished its ZMTP handshake is
-#: routable only once libzmq has read its routing id off the new pipe, a moment later (an
-#: engine that reconnects to a re-bound frontend socket sends no registration to wait for).
-_ROUTE_SETTLE_S = 0.005
-_ROUTE_SETTLE_TRIES = 20
 
 
 class AbortGroup:
@@ -365,21 +359,6 @@ class EngineClient:
         if not entry.finished and entry.sent and entry.rank not in self._lost:
             self._remember_aborted(entry.request_id, entry.identity)
 
-    async def _send_once_routable(self, msg: list[bytes]) -> bool:
-        """Retry a send that found its engine unroutable, for a moment (see
-        :data:`_ROUTE_SETTLE_S`); True once it went out, False if the engine stayed unroutable."""
-        sock = self._sockets.input
-        for _ in range(_ROUTE_SETTLE_TRIES):
-            await trio.sleep(_ROUTE_SETTLE_S)
-            try:
-                sock.process_commands()
-                if sock.send_multipart_nowait(msg):
-                    return True
-            except TransportError as exc:
-                if exc.errno != errno.EHOSTUNREACH:
-                    raise
-        return False
-
     def _remember_aborted(self, request_id: str, identity: bytes) -> None:
         self._aborted[request_id] = identity
         if len(self._aborted) > _ABORTED_MEMORY:
@@ -396,8 +375,6 @@ class EngineClient:
                     await sock.send_multipart(msg)
         except TransportError as exc:
             if exc.errno == errno.EHOSTUNREACH and identity in self._identities:
-                if await self._send_once_routable(msg):
-                    return
                 # ROUTER_MANDATORY: that engine's connection is gone. The socket monitor
                 # decides whether it comes back (a blip) or the rank is dead; only this
                 # message fails here.

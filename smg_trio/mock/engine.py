@@ -133,6 +133,7 @@ class MockEngine:
         # single-owner rule). One lock per frontend client's PUSH, made once INIT named them.
         self._out_locks: list[trio.StrictFIFOLock] = []
         self.dead = trio.Event()
+        self._hard_killed = False
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -187,10 +188,18 @@ class MockEngine:
                 self._sockets = sockets
                 self._out_locks = [trio.StrictFIFOLock() for _ in sockets.outputs]
                 task_status.started(self)
-                async with trio.open_nursery() as nursery:
-                    for client, sock in enumerate(sockets.inputs):
-                        nursery.start_soon(self._input_loop, client, sock)
-                    nursery.start_soon(self._step_loop)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        for client, sock in enumerate(sockets.inputs):
+                            nursery.start_soon(self._input_loop, client, sock)
+                        nursery.start_soon(self._step_loop)
+                finally:
+                    if self._hard_killed:
+                        # A killed process's sockets are gone at once: none lingers to
+                        # deliver its queued messages (a lingering DEALER would reconnect to
+                        # a re-bound frontend socket with this engine's identity).
+                        for sock in (*sockets.inputs, *sockets.outputs):
+                            sock.close(linger_ms=0)
         self.dead.set()
 
     # -- faults --------------------------------------------------------------------------
@@ -209,10 +218,13 @@ class MockEngine:
         """Send ``ENGINE_CORE_DEAD`` to every client and stop, as vLLM does on a fatal error."""
         for client in range(len(self._out_locks)):
             await self._push([ENGINE_CORE_DEAD], client)
-        self.die_silently()
+        if self._cancel is not None:
+            self._cancel.cancel()  # the sockets linger to deliver the sentinel
 
     def die_silently(self) -> None:
-        """Stop at once with no sentinel (a hard-killed engine)."""
+        """Stop at once with no sentinel (a hard-killed engine): its sockets close with no
+        linger, as a killed process's do."""
+        self._hard_killed = True
         if self._cancel is not None:
             self._cancel.cancel()
 
