@@ -440,6 +440,8 @@ async def _serve_in(
                 config, config.api_server_count, run_dir, listen, manager.confinement
             )
             frontends.manager = manager
+            load = frontends.load
+            manager.remote_inflight = lambda w: load.total(slots(w.worker_id))
             await nursery.start(frontends.run)
             log.info(
                 "smg_trio listening on http://%s:%d with %d frontend processes",

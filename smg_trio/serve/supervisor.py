@@ -29,7 +29,7 @@ from smg_trio.serve.control import FRONTEND_READY
 from smg_trio.transport.sockdir import ensure_ipc_socket_dir
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager
-from smg_trio.worker.shared_load import MAX_WORKER_SLOTS, create_shared_load
+from smg_trio.worker.shared_load import MAX_WORKER_SLOTS, SharedLoad, create_shared_load
 
 __all__ = [
     "FRONTEND_RESTART_MAX_DELAY_S",
@@ -123,6 +123,8 @@ class FrontendGroup:
         #: The supervisor's manager (its workers' frontend sockets are unlinked at exit).
         self.manager: WorkerManager | None = None
         create_shared_load(os.path.join(run_dir, "load"), count)
+        #: The frontends' in-flight counts (read-only): a worker removal drains them.
+        self.load = SharedLoad(os.path.join(run_dir, "load"), count, None)
         doc = {
             "config": attrs.asdict(config, recurse=True),
             "count": count,
@@ -156,6 +158,8 @@ class FrontendGroup:
                     await frontend.ready.wait()
                 task_status.started()
         finally:
+            if self.manager is not None:
+                self.manager.remote_inflight = None
             self._unlink_data_planes()
 
     def _unlink_data_planes(self) -> None:

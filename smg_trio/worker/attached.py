@@ -54,9 +54,15 @@ class AttachedWorker(WorkerState):
     #: frontend's startup no longer waits for it.
     attach_stalled: bool = False
 
+    #: This frontend is removing it (it left the table).
+    leaving: bool = False
+
     def update(self, entry: dict[str, Any]) -> None:
-        """Take the supervisor's new entry and wake the attach loop."""
+        """Take the supervisor's new entry and wake the attach loop. A worker the supervisor
+        drains takes no new requests here, and stays attached for those in flight."""
         self.entry = entry
+        if entry.get("status") == "draining" and self.status in ("ready", "unhealthy"):
+            self.status = "draining"
         self.metadata.update(entry.get("metadata") or {})
         changed, self.entry_changed = self.entry_changed, trio.Event()
         changed.set()
@@ -127,7 +133,11 @@ class FrontendManager(WorkerManager):
             self.start_draining()
         entries = {e["id"]: e for e in table.get("workers", [])}
         for worker in self.workers:
-            if worker.worker_id not in entries and worker.status not in ("draining", "removed"):
+            if worker.worker_id not in entries and worker.status != "removed":
+                if isinstance(worker, AttachedWorker):
+                    if worker.leaving:
+                        continue
+                    worker.leaving = True
                 log.info("worker %r left the table; draining it here", worker.url)
                 self._nursery.start_soon(self.remove_worker, worker.worker_id)
         for worker_id, entry in entries.items():
@@ -275,8 +285,9 @@ class FrontendManager(WorkerManager):
 
             async def watch() -> None:
                 # a new generation (a restarted engine) or a worker no longer ready detaches
+                # (a worker the supervisor drains stays attached for its requests in flight)
                 while worker.entry["generation"] == generation and (
-                    worker.entry["status"] == "ready"
+                    worker.entry["status"] in ("ready", "draining")
                 ):
                     await worker.entry_changed.wait()
                 client = worker.engine_client

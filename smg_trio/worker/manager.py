@@ -71,6 +71,8 @@ DRAIN_TIMEOUT_S = 30.0
 #: How long a request for a known model waits for a ready worker before its 503
 #: (``--worker-wait-timeout-secs``).
 WORKER_WAIT_TIMEOUT_S = 10.0
+#: How often a removal re-reads the other processes' in-flight counts while it drains.
+REMOTE_DRAIN_POLL_S = 0.05
 #: The largest ``dp_size`` a worker spec may ask for (engines dialing one socket set).
 MAX_DP_SIZE = 1024
 #: How long a model stays known (requests wait, then 503; not 404) after its last worker left.
@@ -288,6 +290,9 @@ class WorkerManager:
         self.ready_timeout_s = ready_timeout_s
         self.silence_timeout_s = silence_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        #: Requests that other processes hold on a worker (the frontends of
+        #: ``--api-server-count``): a removal drains them too.
+        self.remote_inflight: Callable[[WorkerState], int] | None = None
         self.worker_wait_timeout_s = worker_wait_timeout_s
         self.model_grace_s = model_grace_s
         self.registry = WorkerRegistry()
@@ -851,9 +856,15 @@ class WorkerManager:
         if worker is None:
             return False
         worker.status = "draining"
-        if worker.inflight > 0:
+        remote = self.remote_inflight
+        if worker.inflight > 0 or (remote is not None and remote(worker) > 0):
             with trio.move_on_after(self.drain_timeout_s):
-                await worker.idle.wait()
+                if worker.inflight > 0:
+                    await worker.idle.wait()
+                # other processes' requests (the frontends'): their counts are shared
+                # memory, with no wake-up, so they are polled
+                while remote is not None and remote(worker) > 0:  # noqa: ASYNC110
+                    await trio.sleep(REMOTE_DRAIN_POLL_S)
         worker.registration_scope.cancel()
         worker.scope.cancel()
         self._forget(worker)

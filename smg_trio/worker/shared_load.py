@@ -41,10 +41,11 @@ def create_shared_load(path: str, frontends: int) -> None:
 
 class SharedLoad:
     """One frontend's view of the table made by :func:`create_shared_load`. A single aligned
-    8-byte store per update: readers see the old or the new count, never a torn one."""
+    8-byte store per update: readers see the old or the new count, never a torn one.
+    ``index=None``: a read-only view (the supervisor's): it resets and publishes nothing."""
 
-    def __init__(self, path: str, frontends: int, index: int) -> None:
-        if not 0 <= index < frontends:
+    def __init__(self, path: str, frontends: int, index: int | None) -> None:
+        if index is not None and not 0 <= index < frontends:
             raise ValueError(f"frontend {index} is not below {frontends}")
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         try:
@@ -56,6 +57,8 @@ class SharedLoad:
         self.index = index
         self._ranks_base = MAX_WORKER_SLOTS * frontends
         self._block = MAX_WORKER_SLOTS * MAX_SHARED_RANKS  # one frontend's rank cells
+        if index is None:
+            return
         for slot in range(MAX_WORKER_SLOTS):  # a restarted frontend's old counts are gone
             self._cells[slot * frontends + index] = 0
         start = (self._ranks_base + index * self._block) * _CELL
@@ -63,7 +66,7 @@ class SharedLoad:
 
     def publish(self, slot: int, inflight: int) -> None:
         """Record this frontend's in-flight count on the worker in ``slot``."""
-        if 0 <= slot < MAX_WORKER_SLOTS:
+        if self.index is not None and 0 <= slot < MAX_WORKER_SLOTS:
             self._cells[slot * self.frontends + self.index] = inflight
 
     def total(self, slot: int) -> int:
@@ -82,7 +85,7 @@ class SharedLoad:
         """Record this frontend's in-flight count on DP rank ``rank`` of the worker in
         ``slot``."""
         cell = self._rank_cell(slot, rank)
-        if cell is not None:
+        if cell is not None and self.index is not None:
             self._cells[cell + self.index * self._block] = inflight
 
     def rank_total(self, slot: int, rank: int) -> int:

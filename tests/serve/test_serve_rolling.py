@@ -272,3 +272,42 @@ async def test_admin_calls_racing_on_one_url_stay_consistent_and_leak_nothing(
             await wait_ready(handle, worker_id)
             resp = await http.post("/v1/chat/completions", json=CHAT)
             assert resp.status_code == 200, resp.text
+
+
+async def test_delete_waits_for_the_requests_in_flight_on_the_worker(ns: IpcNamespace) -> None:
+    """DELETE /workers/{id} answers once the worker's requests in flight have finished (up to
+    the drain timeout), whichever process holds them: with frontend processes (the N=2 pass)
+    the supervisor, which serves none itself, waits for the frontends' shared counts, and the
+    frontends keep the draining worker attached for them. So "DELETE, then stop the engine"
+    cuts no stream."""
+    with trio.fail_after(DEADLINE_S):
+        async with empty_gateway(ns) as (handle, http, nursery):
+            body = worker_body(ns, "a")
+            worker_id = await add(http, body)
+            engine = MockEngine(body["zmq_handshake_address"], MockEngineConfig(step_s=0.005))
+            nursery.start_soon(engine.run)
+            await wait_ready(handle, worker_id)
+            order: list[str] = []
+            first = trio.Event()
+            chat = {**CHAT, "stream": True, "max_tokens": 200, "ignore_eos": True}
+
+            async def stream() -> None:
+                text = ""
+                async with http.stream("POST", "/v1/chat/completions", json=chat) as resp:
+                    assert resp.status_code == 200
+                    async for chunk in resp.aiter_text():
+                        text += chunk
+                        first.set()
+                order.append("stream ended")
+                assert text.endswith("data: [DONE]\n\n"), text[-300:]
+                assert '"error"' not in text, text[-300:]
+                assert '"finish_reason":"length"' in text, text[-300:]
+
+            async with trio.open_nursery() as inner:
+                inner.start_soon(stream)
+                await first.wait()
+                deleted = await http.delete(f"/workers/{worker_id}")
+                order.append("deleted")
+                assert deleted.status_code == 200, deleted.text
+            assert order == ["stream ended", "deleted"]
+            assert engine.aborts == []  # the engine finished it; nothing was cut
