@@ -156,8 +156,13 @@ def test_abort(tcp_gateway: TcpGateway) -> None:
         assert r2.status_code == 200, r2.text
 
 
+#: Each request of the engine-kill test: n=3 choices of 900 tokens (the tiny model's context
+#: is 1024), so that it is still generating when the test has seen all three in flight.
+_LONG = {"max_tokens": 900, "ignore_eos": True, "n": 3}
+
+
 def _stream_outcome(base: str, started: threading.Event) -> str:
-    body = chat_body(max_tokens=900, stream=True, ignore_eos=True)
+    body = chat_body(stream=True, **_LONG)
     raw = b""
     with (
         httpx.Client(base_url=base, timeout=120.0) as c,
@@ -176,24 +181,26 @@ def _stream_outcome(base: str, started: threading.Event) -> str:
 
 def _whole_outcome(base: str) -> str:
     with httpx.Client(base_url=base, timeout=120.0) as c:
-        r = c.post("/v1/chat/completions", json=chat_body(max_tokens=900, ignore_eos=True))
+        r = c.post("/v1/chat/completions", json=chat_body(**_LONG))
     return f"whole {r.status_code} {json.dumps(r.json().get('error', {}).get('type'))}"
 
 
 def test_engine_killed_ends_every_request_with_an_error(tcp_gateway: TcpGateway) -> None:
+    # The tiny model finishes 900 tokens in about a second, so the engine is frozen (SIGSTOP)
+    # once both streams are generating: nothing finishes while the third request (whole)
+    # reaches the gateway and the engine, and all three are in flight when it is killed.
     started = [threading.Event() for _ in range(2)]
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(_stream_outcome, tcp_gateway.base, ev) for ev in started]
-        futures.append(pool.submit(_whole_outcome, tcp_gateway.base))
         for ev in started:  # both streams are generating
             assert ev.wait(DEATH_BOUND_S)
+        os.killpg(tcp_gateway.engine.pid, signal.SIGSTOP)
+        futures.append(pool.submit(_whole_outcome, tcp_gateway.base))
         with tcp_gateway.client() as c:
-            # the whole request is submitted with the streams but may reach the gateway later
-            # (briefly: the 900-token requests finish in seconds on the tiny model)
-            deadline = time.monotonic() + 3.0
+            deadline = time.monotonic() + DEATH_BOUND_S
             while _inflight(c) < 3 and time.monotonic() < deadline:
                 time.sleep(0.02)
-            assert _inflight(c) == 3
+            assert _inflight(c) == 3  # (2: a stream had finished before the freeze)
         os.killpg(tcp_gateway.engine.pid, signal.SIGKILL)
         killed = time.monotonic()
         outcomes = [f.result(timeout=DEATH_BOUND_S) for f in futures]
