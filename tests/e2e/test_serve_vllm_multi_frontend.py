@@ -23,6 +23,7 @@ import trio
 
 from peers.tools import peer_paths, vllm_engine_env, vllm_missing_reason
 from tests.helpers.e2e import ENGINE_STARTUP_S, log_tail, require_e2e
+from tests.helpers.frontends import hold_chat_stream
 from tests.helpers.procs import descendants, kill_leftovers, read_until_ready, wait_all_gone
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -40,19 +41,7 @@ async def _first_chunk_then_hold(
     sock: str, body: dict[str, object], task_status: trio.TaskStatus[str]
 ) -> None:
     stream = await trio.open_unix_socket(sock)
-    async with stream:
-        data = json.dumps(body).encode()
-        await stream.send_all(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data)
-        )
-        buf = b""
-        while (found := re.search(rb'data: \{"id":"([^"]+)"', buf)) is None:
-            chunk = await stream.receive_some()
-            assert chunk, buf
-            buf += chunk
-        task_status.started(found.group(1).decode())
-        await trio.sleep_forever()
+    await hold_chat_stream(stream, body, task_status=task_status)
 
 
 async def _in_flight(client: httpx.AsyncClient) -> float:

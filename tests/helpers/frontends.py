@@ -5,19 +5,24 @@ needs one process is marked :data:`single_frontend` and skips, with its reason, 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 
 import attrs
 import pytest
+import trio
 
 from smg_trio.serve.config import GatewayConfig
 
 __all__ = [
     "API_SERVER_COUNT",
     "ENV",
+    "hold_chat_stream",
     "multi_frontend",
     "serve_args",
     "single_frontend",
+    "start_chat_stream",
     "with_api_server_count",
 ]
 
@@ -43,3 +48,33 @@ def single_frontend(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         multi_frontend, reason=f"{ENV}={API_SERVER_COUNT}: needs one frontend ({reason})"
     )
+
+
+async def start_chat_stream(stream: trio.abc.Stream, body: dict[str, object]) -> str:
+    """POST a streaming chat on a raw HTTP/1.1 connection (no async generator to leave
+    unfinished; the caller owns the connection) and return the response id once the first
+    chunk arrived."""
+    data = json.dumps(body).encode()
+    await stream.send_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(data), data)
+    )
+    buf = b""
+    while (found := re.search(rb'data: \{"id":"([^"]+)"', buf)) is None:
+        chunk = await stream.receive_some()
+        assert chunk, buf
+        buf += chunk
+    return found.group(1).decode()
+
+
+async def hold_chat_stream(
+    stream: trio.abc.Stream,
+    body: dict[str, object],
+    *,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """For ``nursery.start``: start a streaming chat on ``stream``, report its response id,
+    then hold the connection until cancelled (a client disconnect)."""
+    async with stream:
+        task_status.started(await start_chat_stream(stream, body))
+        await trio.sleep_forever()

@@ -6,7 +6,6 @@ its engine requests ABORTed, SIGTERM drains, SIGKILL leaves no process behind.""
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import signal
@@ -21,7 +20,7 @@ import httpx
 import pytest
 import trio
 
-from tests.helpers.frontends import single_frontend
+from tests.helpers.frontends import hold_chat_stream, single_frontend, start_chat_stream
 from tests.helpers.ports import free_port, random_worker_base_port
 from tests.helpers.procs import descendants, read_until_ready, wait_all_gone
 
@@ -220,31 +219,19 @@ async def test_two_frontends_share_routes_metrics_admin_and_load(
 
 
 async def _raw_stream(url: str, body: dict[str, object]) -> tuple[trio.SocketStream, str]:
-    """POST a streaming chat on a raw connection (no async generator to leave unfinished);
-    returns the connection and the response id once the first chunk arrived."""
+    """A streaming chat on a raw TCP connection: the connection and the response id."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     stream = await trio.open_tcp_stream(host, int(port))
-    data = json.dumps(body).encode()
-    await stream.send_all(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (len(data), data)
-    )
-    buf = b""
-    while (found := re.search(rb'data: \{"id":"([^"]+)"', buf)) is None:
-        chunk = await stream.receive_some()
-        assert chunk, buf
-        buf += chunk
-    return stream, found.group(1).decode()
+    return stream, await start_chat_stream(stream, body)
 
 
 async def _first_chunk_then(
     url: str, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> None:
     body = {**CHAT, "max_tokens": 2000, "stream": True, "ignore_eos": True}
-    stream, rid = await _raw_stream(url, body)
-    async with stream:
-        task_status.started(rid)
-        await trio.sleep_forever()
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    await hold_chat_stream(stream, body, task_status=task_status)
 
 
 async def test_disconnect_and_frontend_kill_abort_at_the_engine(

@@ -9,9 +9,7 @@ then opens two streams. Sharing the counts, both go to B (2 and 2). By its own c
 from __future__ import annotations
 
 import glob
-import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +19,7 @@ import trio
 
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.mock.tiny_model import default_tiny_model_dir
-from tests.helpers.frontends import single_frontend
+from tests.helpers.frontends import hold_chat_stream, single_frontend
 from tests.helpers.ipc import free_handshake_address
 from tests.helpers.ports import free_port
 from tests.helpers.procs import descendants, kill_leftovers, read_until_ready
@@ -38,27 +36,6 @@ BODY = {
     "ignore_eos": True,
     "stream": True,
 }
-
-
-async def _stream_on(
-    sock: str, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
-) -> None:
-    """A long stream through one frontend's unix socket; reports its response id once the
-    first chunk arrived, then holds the connection until cancelled (a client disconnect)."""
-    stream = await trio.open_unix_socket(sock)
-    async with stream:
-        data = json.dumps(BODY).encode()
-        await stream.send_all(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data)
-        )
-        buf = b""
-        while (found := re.search(rb'data: \{"id":"([^"]+)"', buf)) is None:
-            chunk = await stream.receive_some()
-            assert chunk, buf
-            buf += chunk
-        task_status.started(found.group(1).decode())
-        await trio.sleep_forever()
 
 
 def _rank_of(engines: list[MockEngine], rid: str) -> int:
@@ -101,7 +78,8 @@ async def test_each_frontend_picks_ranks_by_every_frontends_load(
 
                 async def run(task_status: trio.TaskStatus[str]) -> None:
                     with scope:
-                        await _stream_on(socks[frontend], task_status=task_status)
+                        stream = await trio.open_unix_socket(socks[frontend])
+                        await hold_chat_stream(stream, BODY, task_status=task_status)
 
                 rid: str = await nursery.start(run)
                 while not any(any(rid in k for k in e.active) for e in engines):  # noqa: ASYNC110
