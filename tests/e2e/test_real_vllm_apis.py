@@ -16,15 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from peers.tools import repo_root, vllm_engine_command, vllm_engine_env, vllm_missing_reason
+from peers.tools import vllm_engine_command, vllm_missing_reason
 from tests.helpers.e2e import (
-    ENGINE_STARTUP_S,
     assert_alive,
     handshake_port,
     ipc_worker,
-    process_group,
     require_e2e,
-    wait_http,
+    smg_trio_with_vllm,
 )
 from tests.helpers.ports import free_port
 
@@ -59,19 +57,7 @@ def base_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
             "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
         ]  # fmt: skip
-        with (
-            process_group(gateway_cmd, log_path=logs / "smg_trio.log", cwd=repo_root()) as gw,
-            process_group(engine_cmd, log_path=logs / "vllm.log", env=vllm_engine_env()) as eng,
-        ):
-            base = f"http://127.0.0.1:{port}"
-            wait_http(
-                f"{base}/readiness",
-                gw,
-                logs / "smg_trio.log",
-                timeout=ENGINE_STARTUP_S,
-                what="smg_trio gateway",
-                also=lambda: assert_alive(eng, logs / "vllm.log", "vLLM engine"),
-            )
+        with smg_trio_with_vllm(gateway_cmd, engine_cmd, port=port, logs=logs) as (base, gw, _eng):
             yield base
             assert_alive(gw, logs / "smg_trio.log", "smg_trio gateway")
 

@@ -41,6 +41,7 @@ from tests.helpers.e2e import (
     ipc_worker,
     process_group,
     require_e2e,
+    smg_trio_with_vllm,
     wait_http,
 )
 from tests.helpers.ports import free_port
@@ -115,19 +116,9 @@ def trio_gateway(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             "--log-level",
             "warning",
         ]
-        with (
-            process_group(gateway_cmd, log_path=logs / "smg_trio.log", cwd=repo_root()) as gw,
-            process_group(engine_cmd, log_path=logs / "vllm.log", env=vllm_engine_env()) as eng,
-        ):
-            base = f"http://127.0.0.1:{port}"
-            wait_http(
-                f"{base}/readiness",
-                gw,
-                logs / "smg_trio.log",
-                timeout=ENGINE_STARTUP_S,
-                what="smg_trio gateway",
-                also=lambda: assert_alive(eng, logs / "vllm.log", "vLLM engine A"),
-            )
+        with smg_trio_with_vllm(
+            gateway_cmd, engine_cmd, port=port, logs=logs, engine_what="vLLM engine A"
+        ) as (base, gw, _eng):
             yield Gateway("smg_trio", base, MODEL, gw, logs / "smg_trio.log")
             assert_alive(gw, logs / "smg_trio.log", "smg_trio gateway")
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from peers.tools import start_process_group, stop_process_group
+from peers.tools import repo_root, start_process_group, stop_process_group, vllm_engine_env
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from tests.helpers.sse import sse_chunks
 
@@ -37,6 +37,7 @@ __all__ = [
     "ipc_worker",
     "log_tail",
     "process_group",
+    "smg_trio_with_vllm",
     "require_e2e",
     "stream_chat",
     "wait_http",
@@ -94,6 +95,34 @@ def process_group(
         yield proc
     finally:
         stop_process_group(proc)
+
+
+@contextlib.contextmanager
+def smg_trio_with_vllm(
+    gateway_cmd: Sequence[str],
+    engine_cmd: Sequence[str],
+    *,
+    port: int,
+    logs: Path,
+    engine_what: str = "vLLM engine",
+) -> Iterator[tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
+    """A smg_trio gateway (``gateway_cmd``, listening on ``port``) and a real vLLM engine
+    (``engine_cmd``), each in its own process group with its log in ``logs``, for the block,
+    once the gateway's ``/readiness`` answers: yields the base URL and both processes."""
+    with (
+        process_group(gateway_cmd, log_path=logs / "smg_trio.log", cwd=repo_root()) as gw,
+        process_group(engine_cmd, log_path=logs / "vllm.log", env=vllm_engine_env()) as eng,
+    ):
+        base = f"http://127.0.0.1:{port}"
+        wait_http(
+            f"{base}/readiness",
+            gw,
+            logs / "smg_trio.log",
+            timeout=ENGINE_STARTUP_S,
+            what="smg_trio gateway",
+            also=lambda: assert_alive(eng, logs / "vllm.log", engine_what),
+        )
+        yield base, gw, eng
 
 
 def assert_alive(proc: subprocess.Popen[bytes], log_path: Path, what: str) -> None:
