@@ -8,12 +8,12 @@ The tests run in file order (the last one kills the module's engine).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -142,23 +142,22 @@ def test_abort(tcp_gateway: TcpGateway) -> None:
 
 
 #: Each request of the engine-kill test: n=3 choices of 900 tokens (the tiny model's context
-#: is 1024), so that it is still generating when the test has seen all three in flight.
+#: is 1024).
 _LONG = {"max_tokens": 900, "ignore_eos": True, "n": 3}
+#: How long the engine stays frozen before the kill: well under the tcp heartbeat timeout
+#: (5 s), so that the kill, not the heartbeats, is what the gateway sees.
+FREEZE_BOUND_S = 3.0
 
 
-def _stream_outcome(base: str, started: threading.Event) -> str:
+def _stream_outcome(base: str) -> str:
     body = chat_body(stream=True, **_LONG)
-    raw = b""
     with (
         httpx.Client(base_url=base, timeout=120.0) as c,
         c.stream("POST", "/v1/chat/completions", json=body) as r,
     ):
         if r.status_code != 200:  # the engine died before the stream's first output
             return f"stream {r.status_code}"
-        for part in r.iter_bytes():
-            raw += part
-            if b'"content":' in raw:
-                started.set()
+        raw = r.read()
     chunks = sse_chunks(raw)
     errors = [ch for ch in chunks if "error" in ch]
     finishes = [ch["choices"][0].get("finish_reason") for ch in chunks if ch.get("choices")]
@@ -173,38 +172,37 @@ def _whole_outcome(base: str) -> str:
 
 
 def test_engine_killed_ends_every_request_with_an_error(tcp_gateway: TcpGateway) -> None:
-    """Three long requests (two streams, one whole); the engine is SIGKILLed once two are in
-    flight at the gateway. Every request in flight then ends with an error (an SSE error
-    event then ``[DONE]``, or a 503), and nothing hangs. The tiny model finishes its 900
-    tokens in about a second and a client thread on a busy machine reads late, so a request
-    may also have finished normally before the kill (and freezing the engine first is no
-    way out: the tcp heartbeats would see the frozen engine as dead)."""
-    started = [threading.Event() for _ in range(2)]
-    with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(_stream_outcome, tcp_gateway.base, ev) for ev in started]
-        futures.append(pool.submit(_whole_outcome, tcp_gateway.base))
-        with tcp_gateway.client() as c:
-            deadline = time.monotonic() + DEATH_BOUND_S
-            while (inflight := _inflight(c)) < 2 and time.monotonic() < deadline:
-                time.sleep(0.005)
-            os.killpg(tcp_gateway.engine.pid, signal.SIGKILL)
-            killed = time.monotonic()
-            assert inflight >= 2, inflight
-        outcomes = [f.result(timeout=DEATH_BOUND_S) for f in futures]
-        ended = time.monotonic() - killed
+    """Three long requests (two streams, one whole) reach an engine that was frozen (SIGSTOP)
+    before they were sent, so none can finish; the engine is then SIGKILLed. Every request
+    ends with an error (an SSE error event then ``[DONE]``, or a 503), none hangs, and none
+    stays in flight. (The tiny model finishes 900 tokens in about a second, so a running
+    engine can finish a request before a busy test sees it in flight: freezing it first takes
+    the race away. The freeze stays under the heartbeat timeout.)"""
+    pgid = tcp_gateway.engine.pid
+    os.killpg(pgid, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(_stream_outcome, tcp_gateway.base) for _ in range(2)]
+            futures.append(pool.submit(_whole_outcome, tcp_gateway.base))
+            with tcp_gateway.client() as c:
+                deadline = time.monotonic() + FREEZE_BOUND_S
+                while (inflight := _inflight(c)) < 3 and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                os.killpg(pgid, signal.SIGKILL)
+                killed = time.monotonic()
+            outcomes = [f.result(timeout=DEATH_BOUND_S) for f in futures]
+            ended = time.monotonic() - killed
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # never leave the engine stopped
+            os.killpg(pgid, signal.SIGKILL)
     print(f"every request ended {ended:.3f} s after SIGKILL ({inflight} in flight): {outcomes}")
+    assert inflight >= 1, (inflight, outcomes)  # the kill met requests in flight
     errored = [
         o
         for o in outcomes
         if o in ("stream error=True done=True", "stream 503") or o.startswith("whole 503")
     ]
-    finished = [
-        o
-        for o in outcomes
-        if o == "stream error=False done=True ['length']" or o.startswith("whole 200")
-    ]
-    assert len(errored) + len(finished) == 3, outcomes  # each ended one of the two ways
-    assert errored, outcomes  # those in flight at the kill end with an error
+    assert len(errored) == 3, outcomes  # a frozen engine finishes nothing: each ends in error
     with tcp_gateway.client() as c:
         assert _inflight(c) == 0
     log = (tcp_gateway.logs / "smg_trio.log").read_text(errors="replace")
