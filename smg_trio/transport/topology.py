@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
@@ -151,6 +152,10 @@ async def bind_handshake_socket(address: str) -> AsyncIterator[HandshakeSocket]:
         yield HandshakeSocket(socket=hs, address=resolved)
 
 
+#: Numbers the monitors' inproc endpoints (never reused in a process).
+_MONITOR_SEQ = itertools.count()
+
+
 def _monitor(
     stack: contextlib.ExitStack, sock: zmq.Socket[bytes], events: int = INPUT_MONITOR_EVENTS
 ) -> ConnectionMonitor:
@@ -166,7 +171,10 @@ def _monitor(
     (libzmq's ``ZMQ_ROUTER_NOTIFY``, which would name the identity directly, is a draft option
     that pyzmq's wheels do not build: setting it fails with ``EINVAL``.)
     """
-    address = f"inproc://smg-input-monitor-{id(sock):x}-{os.getpid()}"
+    # A fresh name each time: libzmq unregisters a stopped monitor's inproc endpoint
+    # asynchronously, so a reused name (``id(sock)`` of a socket just closed) can still be
+    # bound (EADDRINUSE).
+    address = f"inproc://smg-input-monitor-{os.getpid()}-{next(_MONITOR_SEQ)}"
     sock.monitor(address, events)
     pair = zmq_context().socket(zmq.PAIR)
     stack.callback(pair.close, 0)

@@ -100,6 +100,16 @@ async def test_handshake_port_in_use_names_the_address(ipc: IpcNamespace) -> Non
         assert not _lexists(addrs.input.removeprefix("ipc://"))
 
 
+async def test_binds_again_at_once_after_a_close(ipc: IpcNamespace) -> None:
+    """Each bind starts a socket monitor on an inproc endpoint. libzmq unregisters a stopped
+    monitor's endpoint asynchronously, so a name reused at once (it was ``id()`` of the
+    socket, which CPython hands out again) failed now and then with EADDRINUSE."""
+    addrs = ipc.addresses("w0")
+    for _ in range(300):
+        async with bind_worker_sockets(addrs) as bound:
+            assert bound.input_address == addrs.input
+
+
 async def test_input_router_is_mandatory(ipc: IpcNamespace) -> None:
     """A send to an identity that never registered raises instead of vanishing silently."""
     async with bind_worker_sockets(ipc.addresses("w0")) as bound:
