@@ -10,7 +10,7 @@ from types import TracebackType
 
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 
-__all__ = ["ANY_LOCAL_TCP", "IpcNamespace", "free_handshake_address"]
+__all__ = ["ANY_LOCAL_TCP", "IpcNamespace", "free_handshake_address", "tcp_listener_gone"]
 
 #: A wildcard handshake address: libzmq picks a free port, so parallel tests never collide on
 #: the derived FNV port. ``BoundSockets.handshake_address`` reports the real one.
@@ -49,6 +49,23 @@ def free_handshake_address() -> str:
                 continue
         return f"tcp://127.0.0.1:{port}"
     raise RuntimeError("no free handshake port below the ephemeral range")
+
+
+def tcp_listener_gone(address: str) -> bool:
+    """Whether nothing listens on ``tcp://host:port`` any more: a probe binds it with
+    ``SO_REUSEADDR``, as libzmq does. libzmq closes a socket's listener in its I/O thread,
+    after ``close()`` returns. Until then the old listener can still accept an engine that
+    dials the address again, and that engine's HELLO (sent once) is lost with it."""
+    if not address.startswith("tcp://"):
+        raise ValueError(f"not a tcp address: {address}")
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError:
+            return False
+    return True
 
 
 class IpcNamespace:
