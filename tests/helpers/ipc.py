@@ -8,9 +8,17 @@ import socket
 import tempfile
 from types import TracebackType
 
+import trio
+
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 
-__all__ = ["ANY_LOCAL_TCP", "IpcNamespace", "free_handshake_address", "tcp_listener_gone"]
+__all__ = [
+    "ANY_LOCAL_TCP",
+    "IpcNamespace",
+    "free_handshake_address",
+    "tcp_listener_gone",
+    "wait_tcp_listener_gone",
+]
 
 #: A wildcard handshake address: libzmq picks a free port, so parallel tests never collide on
 #: the derived FNV port. ``BoundSockets.handshake_address`` reports the real one.
@@ -66,6 +74,13 @@ def tcp_listener_gone(address: str) -> bool:
         except OSError:
             return False
     return True
+
+
+async def wait_tcp_listener_gone(address: str) -> None:
+    """Poll :func:`tcp_listener_gone` (kernel state: there is no event to wait on); callers
+    bound it with ``fail_after``."""
+    while not tcp_listener_gone(address):  # noqa: ASYNC110 (kernel state, no event)
+        await trio.sleep(0.005)
 
 
 class IpcNamespace:

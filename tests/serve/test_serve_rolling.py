@@ -18,7 +18,7 @@ from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.serve import GatewayConfig, ServeHandle, serve
 from tests.helpers.frontends import with_api_server_count
-from tests.helpers.ipc import IpcNamespace, free_handshake_address
+from tests.helpers.ipc import IpcNamespace, free_handshake_address, wait_tcp_listener_gone
 
 pytestmark = pytest.mark.slow
 
@@ -266,7 +266,9 @@ async def test_admin_calls_racing_on_one_url_stay_consistent_and_leak_nothing(
             await trio.testing.wait_all_tasks_blocked()
             assert len(nursery.child_tasks) == baseline  # no registration or supervisor left
             assert os.listdir(ns.directory) == []  # no socket file left
-            # the URL and its handshake address are free again
+            # the URL and its handshake address are free again (once the last listener has
+            # closed: an engine it accepted would lose its HELLO)
+            await wait_tcp_listener_gone(body["zmq_handshake_address"])
             worker_id = await add(http, body)
             start_engine(nursery, body)
             await wait_ready(handle, worker_id)

@@ -27,7 +27,7 @@ from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
 from smg_trio.worker.policies import POLICY_NAMES
 from tests.helpers.hostile import open_raw_peer
-from tests.helpers.ipc import IpcNamespace, free_handshake_address, tcp_listener_gone
+from tests.helpers.ipc import IpcNamespace, free_handshake_address, wait_tcp_listener_gone
 
 DEADLINE_S = 30.0  # generous: CI machines are shared; a pass takes ~1 s
 
@@ -73,9 +73,8 @@ async def serve_worker(
     """Start a mock for ``spec`` and register it. The mock dials only once an earlier
     registration's handshake listener at the same address is gone (an engine it accepted
     would lose its HELLO, which engines send once)."""
-    hs = spec.zmq_handshake_address
-    assert hs is not None
-    await wait_until(lambda: tcp_listener_gone(hs))
+    assert spec.zmq_handshake_address is not None
+    await wait_tcp_listener_gone(spec.zmq_handshake_address)
     engine = await start_engine(nursery, spec)
     return await manager.register(spec), engine
 
