@@ -72,11 +72,11 @@ def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 portal.close()
 
 
-def _request(max_tokens: int = 6) -> GenerateRequest:
+def _request(max_tokens: int = 6, *, ignore_eos: bool = False) -> GenerateRequest:
     return GenerateRequest(
         request_id=f"mc-{next(_ids)}",
         prompt_token_ids=[200, 201, 202, 203],
-        sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0),
+        sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos),
     )
 
 
@@ -115,7 +115,7 @@ def test_a_rebound_client_aborts_its_orphans(engine: TrioPortal) -> None:
 
     async def body() -> tuple[str, set[str], list[int]]:
         with trio.fail_after(120):
-            orphan = _request(max_tokens=900)
+            orphan = _request(max_tokens=900, ignore_eos=True)  # runs to its length
             # A long request on client 1, then client 1 "crashes": no ABORT leaves it and its
             # sockets close.
             async with _second_client(state) as second, second.generate(orphan) as stream:
