@@ -4,7 +4,6 @@ only, the DP-group branch, and the failure step that undoes a failed registratio
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from smg_trio.worker.manager import WorkerManager, WorkerSpec
 from smg_trio.worker.registration import RegistrationTiming
 from smg_trio.workflow import RetryPolicy
 from tests.helpers.hostile import open_raw_peer
-from tests.helpers.ipc import IpcNamespace
+from tests.helpers.ipc import IpcNamespace, tcp_listener_gone
 from tests.worker.test_manager import (
     DEADLINE_S,
     make_spec,
@@ -45,17 +44,6 @@ def socket_files(namespace: IpcNamespace, name: str) -> list[str]:
     return [p for p in (base + "-in.sock", base + "-out.sock") if os.path.exists(p)]
 
 
-def handshake_port_free(address: str) -> bool:
-    host, port = address.removeprefix("tcp://").rsplit(":", 1)
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, int(port)))
-        except OSError:
-            return False
-    return True
-
-
 async def assert_cleaned_up(
     manager: WorkerManager, namespace: IpcNamespace, spec: WorkerSpec
 ) -> None:
@@ -67,7 +55,7 @@ async def assert_cleaned_up(
     assert socket_files(namespace, spec.url.rsplit("/", 1)[-1]) == []
     address = spec.zmq_handshake_address
     with trio.fail_after(5.0):
-        await wait_until(lambda: handshake_port_free(address))
+        await wait_until(lambda: tcp_listener_gone(address))
 
 
 async def wait_done(job: RegistrationJob) -> None:
