@@ -31,15 +31,14 @@ from peers.tools import (
     smg_launch_command,
     smg_missing_reason,
     vllm_engine_command,
-    vllm_engine_env,
     vllm_missing_reason,
 )
 from tests.helpers.e2e import (
     ENGINE_STARTUP_S,
     assert_alive,
+    gateway_with_vllm,
     handshake_port,
     ipc_worker,
-    process_group,
     require_e2e,
     smg_trio_with_vllm,
     wait_http,
@@ -133,20 +132,16 @@ def smg_gateway(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         gateway_cmd = smg_launch_command(
             addresses.url, tiny_model, backend="vllm", port=port, prometheus_port=free_port()
         )
-        with (
-            process_group(gateway_cmd, log_path=logs / "smg.log") as gw,
-            process_group(engine_cmd, log_path=logs / "vllm.log", env=vllm_engine_env()) as eng,
-        ):
-            base = f"http://127.0.0.1:{port}"
-            wait_http(
-                f"{base}/v1/models",
-                gw,
-                logs / "smg.log",
-                timeout=ENGINE_STARTUP_S,
-                what="smg gateway",
-                ok=lambda r: r.status_code == 200 and bool(r.json().get("data")),
-                also=lambda: assert_alive(eng, logs / "vllm.log", "vLLM engine B"),
-            )
+        with gateway_with_vllm(
+            gateway_cmd,
+            engine_cmd,
+            port=port,
+            logs=logs,
+            gateway="smg",
+            ready_path="/v1/models",
+            ready=lambda r: r.status_code == 200 and bool(r.json().get("data")),
+            engine_what="vLLM engine B",
+        ) as (base, gw, eng):
             # smg lists the model before the engine registers: wait for a real answer
             wait_http(
                 f"{base}/v1/models",

@@ -36,6 +36,7 @@ __all__ = [
     "http_client",
     "ipc_worker",
     "log_tail",
+    "gateway_with_vllm",
     "process_group",
     "smg_trio_with_vllm",
     "require_e2e",
@@ -98,6 +99,38 @@ def process_group(
 
 
 @contextlib.contextmanager
+def gateway_with_vllm(
+    gateway_cmd: Sequence[str],
+    engine_cmd: Sequence[str],
+    *,
+    port: int,
+    logs: Path,
+    gateway: str = "smg_trio",
+    ready_path: str = "/readiness",
+    ready: Callable[[httpx.Response], bool] = lambda r: r.status_code == 200,
+    engine_what: str = "vLLM engine",
+) -> Iterator[tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
+    """A gateway (``gateway_cmd``, listening on ``port``; its log ``logs/<gateway>.log``) and
+    a real vLLM engine (``engine_cmd``), each in its own process group, for the block, once
+    ``ready_path`` answers ``ready``: yields the base URL and both processes."""
+    gw_log = logs / f"{gateway}.log"
+    with (
+        process_group(gateway_cmd, log_path=gw_log, cwd=repo_root()) as gw,
+        process_group(engine_cmd, log_path=logs / "vllm.log", env=vllm_engine_env()) as eng,
+    ):
+        base = f"http://127.0.0.1:{port}"
+        wait_http(
+            f"{base}{ready_path}",
+            gw,
+            gw_log,
+            timeout=ENGINE_STARTUP_S,
+            what=f"{gateway} gateway",
+            ok=ready,
+            also=lambda: assert_alive(eng, logs / "vllm.log", engine_what),
+        )
+        yield base, gw, eng
+
+
 def smg_trio_with_vllm(
     gateway_cmd: Sequence[str],
     engine_cmd: Sequence[str],
@@ -105,24 +138,11 @@ def smg_trio_with_vllm(
     port: int,
     logs: Path,
     engine_what: str = "vLLM engine",
-) -> Iterator[tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
-    """A smg_trio gateway (``gateway_cmd``, listening on ``port``) and a real vLLM engine
-    (``engine_cmd``), each in its own process group with its log in ``logs``, for the block,
-    once the gateway's ``/readiness`` answers: yields the base URL and both processes."""
-    with (
-        process_group(gateway_cmd, log_path=logs / "smg_trio.log", cwd=repo_root()) as gw,
-        process_group(engine_cmd, log_path=logs / "vllm.log", env=vllm_engine_env()) as eng,
-    ):
-        base = f"http://127.0.0.1:{port}"
-        wait_http(
-            f"{base}/readiness",
-            gw,
-            logs / "smg_trio.log",
-            timeout=ENGINE_STARTUP_S,
-            what="smg_trio gateway",
-            also=lambda: assert_alive(eng, logs / "vllm.log", engine_what),
-        )
-        yield base, gw, eng
+) -> contextlib.AbstractContextManager[
+    tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]
+]:
+    """:func:`gateway_with_vllm` for smg_trio: ready once ``/readiness`` answers 200."""
+    return gateway_with_vllm(gateway_cmd, engine_cmd, port=port, logs=logs, engine_what=engine_what)
 
 
 def assert_alive(proc: subprocess.Popen[bytes], log_path: Path, what: str) -> None:

@@ -218,10 +218,14 @@ async def test_two_frontends_share_routes_metrics_admin_and_load(
         assert jobs[0] == jobs[1]
 
 
+async def _connect(url: str) -> trio.SocketStream:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return await trio.open_tcp_stream(host, int(port))
+
+
 async def _raw_stream(url: str, body: dict[str, object]) -> tuple[trio.SocketStream, str]:
     """A streaming chat on a raw TCP connection: the connection and the response id."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    stream = await trio.open_tcp_stream(host, int(port))
+    stream = await _connect(url)
     return stream, await start_chat_stream(stream, body)
 
 
@@ -229,9 +233,7 @@ async def _first_chunk_then(
     url: str, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> None:
     body = {**CHAT, "max_tokens": 2000, "stream": True, "ignore_eos": True}
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    stream = await trio.open_tcp_stream(host, int(port))
-    await hold_chat_stream(stream, body, task_status=task_status)
+    await hold_chat_stream(await _connect(url), body, task_status=task_status)
 
 
 async def test_disconnect_and_frontend_kill_abort_at_the_engine(
