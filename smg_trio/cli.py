@@ -184,6 +184,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--write-timeout-secs (docs/security.md)",
     )
     g.add_argument(
+        "--disable-fast-http1",
+        action="store_true",
+        help="serve every HTTP/1.1 request through hypercorn and h11, not the fast path for "
+        "plain requests (docs/architecture.md)",
+    )
+    g.add_argument(
         "--allow-insecure-admin",
         action="store_true",
         help="without --admin-api-key/--api-key, let anyone who can reach the port add and "
@@ -653,6 +659,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "shutdown_grace_period_s": args.shutdown_grace_period_secs,
         "allow_insecure_admin": args.allow_insecure_admin,
         "enable_http2": args.enable_http2,
+        "fast_http1": not args.disable_fast_http1,
         "allowed_socket_dirs": tuple(args.allowed_socket_dirs or ()),
         "allowed_engine_hosts": tuple(args.allowed_engine_hosts or ()),
         "zmq_advertise_host": args.zmq_advertise_host,

@@ -101,6 +101,9 @@ class GatewayHttpConfig:
         prior-knowledge preface gets a 505 and an ``Upgrade: h2c`` is answered in HTTP/1.1.
     - ``write_timeout_s``: a response write blocked this long drops the connection (its engine
         requests are ABORTed); applied by :func:`~smg_trio.gateway.http.app.serve_http`.
+    - ``fast_http1``: serve plain HTTP/1.1 requests on the fenced fast path
+      (:mod:`smg_trio.gateway.server.fast_http1`); ``False`` gives every connection to
+      hypercorn and h11 (``--disable-fast-http1``).
     """
 
     max_n: int = attrs.field(default=DEFAULT_MAX_N, validator=_positive)
@@ -131,6 +134,7 @@ class GatewayHttpConfig:
     queue_timeout_s: float = attrs.field(default=DEFAULT_QUEUE_TIMEOUT_S)
     write_timeout_s: float = attrs.field(default=DEFAULT_WRITE_TIMEOUT_S)
     enable_http2: bool = False
+    fast_http1: bool = True
 
     @max_top_logprobs.validator
     def _check_top(self, _: attrs.Attribute[int], value: int) -> None:

@@ -110,6 +110,7 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         queue_timeout_s=config.queue_timeout_s,
         write_timeout_s=config.write_timeout_s,
         enable_http2=config.enable_http2,
+        fast_http1=config.fast_http1,
         tool_call_parser=config.tool_call_parser,
         enable_auto_tool_choice=config.enable_auto_tool_choice,
     )

@@ -107,6 +107,7 @@ class GatewayConfig:
     queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     enable_http2: bool = False
+    fast_http1: bool = True
     worker_startup_timeout_s: float = READY_TIMEOUT_S
     engine_silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S
     max_finished_jobs: int = DEFAULT_MAX_FINISHED_JOBS

@@ -27,3 +27,12 @@ def tok(tiny_model_dir: Path) -> Tokenizer:
 def harness(tok: Tokenizer, tiny_model_dir: Path) -> HarnessFactory:
     """``async with harness(plan=..., protocol=..., config=...) as h:``"""
     return partial(open_harness, tok, tiny_model_dir)
+
+
+@pytest.fixture(params=["fast_http1", "hypercorn"])
+def harness_both(
+    request: pytest.FixtureRequest, tok: Tokenizer, tiny_model_dir: Path
+) -> HarnessFactory:
+    """The harness on the HTTP/1.1 fast path, then with every connection on hypercorn's
+    (``GatewayHttpConfig.fast_http1`` off)."""
+    return partial(open_harness, tok, tiny_model_dir, fast_http1=request.param == "fast_http1")

@@ -10,14 +10,15 @@ import pytest
 import trio
 
 from smg_trio.gateway.http.fastroute import AsgiRequest
-from smg_trio.gateway.server.direct import DirectSocket
+from smg_trio.gateway.server.direct import DirectSocket, DirectWriter
+from smg_trio.gateway.server.fast_http1 import FastExchange
 from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
 from tests.helpers.raw_sse import RawSSE
 
 
 class WriteSpy:
-    """Counts :meth:`DirectSocket.try_write` outcomes; ``fell_back`` is set by the first write
-    that could not complete (socket full: ``None`` or a partial tail)."""
+    """Counts direct ``try_write`` outcomes (on either server's writer); ``fell_back`` is set by
+    the first write that could not complete (socket full: ``None`` or a partial tail)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, sndbuf: int | None = None) -> None:
         self.whole = 0
@@ -26,32 +27,43 @@ class WriteSpy:
         self.fell_back = trio.Event()
         self.attached = 0
         self.last = b""  # the last chunk written whole
-        real_write = DirectSocket.try_write
-        real_of = DirectSocket.of.__func__  # type: ignore[attr-defined]
+        real_of = DirectWriter.of
 
-        def try_write(ds: DirectSocket, data: bytes) -> bytes | None:
-            tail = real_write(ds, data)
-            if tail is None:
-                self.refused += 1
-            elif tail:
-                self.partial += 1
-            else:
-                self.whole += 1
-                self.last = data
-            if tail is None or tail:
-                self.fell_back.set()
-            return tail
+        def spy(cls: type[DirectWriter]) -> None:
+            real_write = cls.try_write
 
-        def of(cls: type[DirectSocket], server_send: object) -> DirectSocket | None:
-            ds = real_of(cls, server_send)
+            def try_write(ds: DirectWriter, data: bytes) -> bytes | None:
+                tail = real_write(ds, data)
+                if tail is None:
+                    self.refused += 1
+                elif tail:
+                    self.partial += 1
+                else:
+                    self.whole += 1
+                    self.last = data
+                if tail is None or tail:
+                    self.fell_back.set()
+                return tail
+
+            monkeypatch.setattr(cls, "try_write", try_write)
+
+        def of(server_send: object) -> DirectWriter | None:
+            ds = real_of(server_send)
             if ds is not None:
                 self.attached += 1
                 if sndbuf is not None:
-                    ds._socket.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+                    ds.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
             return ds
 
-        monkeypatch.setattr(DirectSocket, "try_write", try_write)
-        monkeypatch.setattr(DirectSocket, "of", classmethod(of))
+        for cls in (DirectSocket, FastExchange):
+            spy(cls)
+        monkeypatch.setattr(DirectWriter, "of", staticmethod(of))
+
+
+@pytest.fixture
+def harness(harness_both: HarnessFactory) -> HarnessFactory:
+    """Every test here runs on the fast path and on hypercorn's."""
+    return harness_both
 
 
 def chat(max_tokens: int, **kw: Any) -> dict[str, Any]:
@@ -169,9 +181,9 @@ async def test_a_failed_direct_write_aborts_the_engine_from_the_output_loop(
 async def test_without_a_direct_socket_the_stream_is_the_same(
     harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where direct writes are not possible (TLS, HTTP/2, HTTP/1.0: no ``DirectSocket``),
+    """Where direct writes are not possible (TLS, HTTP/2, HTTP/1.0: no ``DirectWriter``),
     every frame goes through ASGI and the client sees the same stream."""
-    monkeypatch.setattr(DirectSocket, "of", classmethod(lambda cls, send: None))
+    monkeypatch.setattr(DirectWriter, "of", staticmethod(lambda send: None))
     words = [f"w{i} " for i in range(20)]
     steps = steps_of(tok, *words)
     with trio.fail_after(DEADLINE_S):

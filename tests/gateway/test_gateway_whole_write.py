@@ -1,4 +1,4 @@
-"""Whole non-streamed responses in one socket write (``DirectSocket.send_whole``), and the ASGI
+"""Whole non-streamed responses in one socket write (``DirectWriter.send_whole``), and the ASGI
 fall back where that is not possible: the same answers, keep-alive and pipelining intact."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import httpx
 import pytest
 import trio
 
-from smg_trio.gateway.server.direct import DirectSocket
+from smg_trio.gateway.server.direct import DirectSocket, DirectWriter
+from smg_trio.gateway.server.fast_http1 import FastExchange
 from tests.helpers.gateway import DEADLINE_S, HarnessFactory
 
 CHAT = json.dumps({"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
@@ -53,18 +54,29 @@ def _responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
 
 
 class WholeSpy:
-    """Counts the responses :meth:`DirectSocket.send_whole` sent itself."""
+    """Counts the responses ``send_whole`` sent itself (on either server's writer)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sent = 0
-        real = DirectSocket.send_whole
 
-        async def send_whole(ds: DirectSocket, *args: Any) -> bool:
-            done = await real(ds, *args)
-            self.sent += done
-            return done
+        def spy(cls: type[DirectWriter]) -> None:
+            real = cls.send_whole
 
-        monkeypatch.setattr(DirectSocket, "send_whole", send_whole)
+            async def send_whole(ds: DirectWriter, *args: Any) -> bool:
+                done = await real(ds, *args)
+                self.sent += done
+                return done
+
+            monkeypatch.setattr(cls, "send_whole", send_whole)
+
+        for cls in (DirectSocket, FastExchange):
+            spy(cls)
+
+
+@pytest.fixture
+def harness(harness_both: HarnessFactory) -> HarnessFactory:
+    """Every test here runs on the fast path and on hypercorn's."""
+    return harness_both
 
 
 async def _exchange(harness: HarnessFactory, raw: bytes) -> bytes:
@@ -112,7 +124,7 @@ async def test_the_asgi_fallback_answers_the_same(
     spy = WholeSpy(monkeypatch)
     direct = _responses(await _exchange(harness, PIPELINED))
     assert spy.sent == 3
-    monkeypatch.setattr(DirectSocket, "of", classmethod(lambda cls, send: None))
+    monkeypatch.setattr(DirectWriter, "of", staticmethod(lambda send: None))
     fallback = _responses(await _exchange(harness, PIPELINED))
     assert spy.sent == 3  # no more
 

@@ -100,6 +100,7 @@ async def open_harness(
     plan: Plan | None = None,
     protocol: str = "vllm",
     config: GatewayHttpConfig | None = None,
+    fast_http1: bool = True,
     reasoning_parser: str | None = None,
     step_s: float = 0.001,
     max_model_len: int = 4096,
@@ -133,6 +134,7 @@ async def open_harness(
                 reasoning_parser=reasoning_parser,
             )
             backend = StaticBackend([(served, [client])])
+            config = attrs.evolve(config or GatewayHttpConfig(), fast_http1=fast_http1)
             app = create_app(backend, config)
             binds = await nursery.start(partial(serve_http, app, "127.0.0.1", 0))
             async with httpx.AsyncClient(base_url=binds[0], timeout=30.0, verify=False) as http:

@@ -30,7 +30,7 @@ from smg_trio.gateway.openai.responses_schemas import ResponseDeleted
 from smg_trio.gateway.openai.tokens import VersionResponse
 from smg_trio.gateway.server.asgi_guard import RequestGuard
 from smg_trio.gateway.server.asgi_shield import ShieldedFinish
-from smg_trio.gateway.server.direct import SERVER_SEND_KEY, DirectSocket
+from smg_trio.gateway.server.direct import SERVER_SEND_KEY, DirectWriter
 from smg_trio.gateway.server.hypercorn_errors import HTTP2_ENABLED_ATTR
 from smg_trio.gateway.server.serve import serve
 from smg_trio.parsers.reasoning import get_reasoning_format
@@ -60,7 +60,7 @@ class _Connection(TrioASGIHTTPConnection):
         body = getattr(response, "response", None)
         if isinstance(body, StreamBody):
             extensions = self.scope.get("extensions") or {}
-            body.attach(DirectSocket.of(extensions.get(SERVER_SEND_KEY)))
+            body.attach(DirectWriter.of(extensions.get(SERVER_SEND_KEY)))
         try:
             await super()._send_response(send, response)
         finally:
@@ -322,6 +322,7 @@ async def serve_http(
     """
     gw = getattr(app, "extensions", {}).get(GATEWAY_KEY)  # a bare ASGI app has none
     enable_http2 = gw.config.enable_http2 if isinstance(gw, Gateway) else False
+    fast_http1 = gw.config.fast_http1 if isinstance(gw, Gateway) else True
     cfg = hyper_config(host, port, graceful_timeout_s, enable_http2=enable_http2, bind=bind)
     write_timeout_s = (
         gw.config.write_timeout_s if isinstance(gw, Gateway) else DEFAULT_WRITE_TIMEOUT_S
@@ -330,6 +331,7 @@ async def serve_http(
         ShieldedFinish(app),  # type: ignore[arg-type]
         cfg,
         write_timeout_s=write_timeout_s,
+        fast_http1=fast_http1,
         shutdown_trigger=shutdown_trigger,
         task_status=task_status,
     )

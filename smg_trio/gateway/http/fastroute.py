@@ -25,7 +25,7 @@ from smg_trio.connector.client import ABORT_GROUP, AbortGroup
 from smg_trio.gateway.http.call import json_response
 from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.gateway.server.asgi_shield import Receive, Scope, Send
-from smg_trio.gateway.server.direct import SERVER_SEND_KEY, DirectSocket
+from smg_trio.gateway.server.direct import SERVER_SEND_KEY, DirectWriter
 
 __all__ = ["AsgiRequest", "InferenceRoutes"]
 
@@ -201,11 +201,11 @@ class InferenceRoutes:
 
 async def _send_whole(scope: Scope, send: Send, response: Response, data: bytes) -> None:
     """Send a response whose body is all in memory: in one socket write where the connection
-    is plain HTTP/1.1 under hypercorn (:meth:`DirectSocket.send_whole`), else as two ASGI
+    is plain HTTP/1.1 under hypercorn (:meth:`~smg_trio.gateway.server.direct.DirectWriter.send_whole`), else as two ASGI
     messages (the head, then the whole body as the final message), where Quart's sender
     builds a connection object and sends three. The same bytes on the wire either way."""
     headers = [(key.lower().encode(), value.encode()) for key, value in response.headers.items()]
-    direct = DirectSocket.of((scope.get("extensions") or {}).get(SERVER_SEND_KEY))
+    direct = DirectWriter.of((scope.get("extensions") or {}).get(SERVER_SEND_KEY))
     if direct is not None and await direct.send_whole(response.status_code, headers, data):
         return
     await send({"type": "http.response.start", "status": response.status_code, "headers": headers})

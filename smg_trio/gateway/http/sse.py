@@ -28,7 +28,7 @@ from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.gateway.openai.fanout import SubRequest, drive, take_outputs
 from smg_trio.gateway.openai.framing import StreamRenderer, stream_done, stream_error
 from smg_trio.gateway.openai.textgen import TextDelta
-from smg_trio.gateway.server.direct import DirectSocket
+from smg_trio.gateway.server.direct import DirectWriter
 
 __all__ = ["StreamBody", "sse_response", "sse_whole"]
 
@@ -67,13 +67,13 @@ class StreamBody(ResponseBody):
         self._lot = trio.lowlevel.ParkingLot()
         # n == 1: the output loop renders (and, when ``_direct_on``, writes) each batch.
         self._waker_on = False
-        self._direct: DirectSocket | None = None
+        self._direct: DirectWriter | None = None
         self._direct_on = False
         self._raw_tail = b""  # the unwritten tail of a partially written chunk
         self._ended = False  # the choice finished; its last frames are written or queued
 
-    def attach(self, direct: DirectSocket | None) -> None:
-        """Offer the connection's :class:`DirectSocket` (``None``: ASGI sends only)."""
+    def attach(self, direct: DirectWriter | None) -> None:
+        """Offer the connection's :class:`~smg_trio.gateway.server.direct.DirectWriter` (``None``: ASGI sends only)."""
         self._direct = direct if len(self._subs) == 1 else None
 
     # -- lifecycle -----------------------------------------------------------------------

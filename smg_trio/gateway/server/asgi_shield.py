@@ -39,7 +39,7 @@ class ShieldedFinish:
 
     Other messages and non-HTTP scopes pass through unchanged. The server's own ``send`` is
     left in ``scope["extensions"]`` under ``SERVER_SEND_KEY`` (for
-    :meth:`smg_trio.gateway.server.direct.DirectSocket.of`).
+    :meth:`smg_trio.gateway.server.direct.DirectWriter.of`).
     """
 
     def __init__(self, app: ASGIApp) -> None:

@@ -31,7 +31,7 @@ import os
 import time
 from collections.abc import Sequence
 from itertools import chain
-from typing import Final
+from typing import Final, Literal
 
 import h11
 import trio
@@ -44,7 +44,15 @@ from hypercorn.utils import build_and_validate_headers
 
 from smg_trio.gateway.server.fixes import Fix, missing_attrs, unset_attrs
 
-__all__ = ["FIX", "SERVER_SEND_KEY", "DirectSocket", "frame_chunk"]
+__all__ = [
+    "FIX",
+    "GONE",
+    "SERVER_SEND_KEY",
+    "DirectSocket",
+    "DirectWriter",
+    "frame_chunk",
+    "write_now",
+]
 
 #: ``scope["extensions"]`` key under which the ASGI wrapper leaves the server's own ``send``.
 SERVER_SEND_KEY = "smg_trio.server_send"
@@ -63,10 +71,90 @@ def _chunked_writer() -> type:
     return writer
 
 
-class DirectSocket:
+def write_now(
+    lock: trio.Lock, socket: trio.socket.SocketType, data: bytes
+) -> bytes | Literal[False] | None:
+    """Write ``data`` as one HTTP/1.1 chunk with one non-blocking ``write(2)``; not a checkpoint.
+
+    Returns ``b""`` when the whole chunk was written, the unwritten tail of the framed chunk
+    after a partial write, ``None`` when nothing was written (``lock``, the connection's send
+    lock, is held, or the socket is full or closed) and ``False`` when the peer is gone.
+    """
+    if lock.locked():
+        return None
+    fd = socket.fileno()  # re-read: -1 once closed (a cached fd may be reused)
+    if fd < 0:
+        return None
+    frame = frame_chunk(data)
+    try:
+        sent = os.write(fd, frame)
+    except OSError as exc:  # EAGAIN, EPIPE, ECONNRESET...: the ASGI path handles each
+        return False if exc.errno in GONE else None
+    return frame[sent:]
+
+
+class DirectWriter:
+    """What a stream body may do past ASGI on the connection under one response.
+
+    :class:`DirectSocket` is it for a hypercorn connection; the fast path's exchange
+    (:mod:`smg_trio.gateway.server.fast_http1`) is it for its own.
+    """
+
+    #: The client is gone: a write failed with ``EPIPE``/``ECONNRESET``, or the server saw
+    #: the connection close. The output loop learns it here, before the request's task
+    #: has been woken and unwound.
+    broken: bool
+
+    @staticmethod
+    def of(server_send: object) -> DirectWriter | None:
+        """The direct writer behind the server's ASGI ``send`` for one request, or ``None``
+        when that connection is not plain-TCP HTTP/1.1 (under hypercorn's trio worker or the
+        fast path)."""
+        owner = getattr(server_send, "__self__", None)
+        if isinstance(owner, DirectWriter):
+            return owner
+        return DirectSocket.of_hypercorn(owner)
+
+    @property
+    def socket(self) -> trio.socket.SocketType:
+        """The connection's socket."""
+        raise NotImplementedError
+
+    def chunked(self) -> bool:
+        """True once the response head is out and its body uses chunked framing: only then
+        may :meth:`try_write` be used (call it after the first body message was sent)."""
+        raise NotImplementedError
+
+    def try_write(self, data: bytes) -> bytes | None:
+        """Write ``data`` as one HTTP/1.1 chunk without blocking; not a checkpoint.
+
+        Returns ``b""`` when the whole chunk was written; the unwritten tail of the framed
+        chunk (raw bytes, to be sent with :meth:`send_raw` before anything else) after a partial
+        write; ``None`` when nothing was written (another writer holds the connection, the
+        socket is full, closed or broken): then ``data`` is still unframed and the caller sends
+        it through ASGI, which also reports a broken connection the usual way.
+        """
+        raise NotImplementedError
+
+    async def send_whole(
+        self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
+    ) -> bool:
+        """Send a whole response (head and ``Content-Length`` body) in one socket write, in
+        place of the ASGI ``http.response.start`` and final ``http.response.body`` messages;
+        ``False``, having sent nothing, when that cannot be done (then use ASGI)."""
+        raise NotImplementedError
+
+    async def send_raw(self, data: bytes) -> None:
+        """Send already-framed bytes (a partial chunk's tail) through the connection's own
+        locked, shielded socket write, which waits for room and handles a broken connection."""
+        raise NotImplementedError
+
+
+class DirectSocket(DirectWriter):
     """The socket under one hypercorn HTTP/1.1 response, for chunk writes that skip ASGI.
 
-    Use :meth:`of` to get one; it is only valid for the response whose ``send`` it came from.
+    Use :meth:`DirectWriter.of` to get one; it is only valid for the response whose ``send``
+    it came from.
     """
 
     __slots__ = ("_proto", "_socket", "_stream", "_tcp", "broken")
@@ -84,21 +172,23 @@ class DirectSocket:
         self.broken = False
 
     @classmethod
-    def of(cls, server_send: object) -> DirectSocket | None:
-        """The direct socket behind hypercorn's ASGI ``send`` for one request, or ``None``
-        when that connection is not plain-TCP HTTP/1.1 served by hypercorn's trio worker."""
-        stream = getattr(server_send, "__self__", None)
+    def of_hypercorn(cls, stream: object) -> DirectSocket | None:
+        """The direct socket of hypercorn's ``HTTPStream`` ``stream`` (the owner of its ASGI
+        ``send``), or ``None`` when its connection is not plain-TCP HTTP/1.1."""
         if not isinstance(stream, HTTPStream):
             return None
         proto = getattr(stream.send, "__self__", None)
         if not isinstance(proto, H11Protocol):
             return None
         tcp = getattr(proto.send, "__self__", None)
-        # hypercorn annotates ``stream`` as an SSLStream; a plain connection has a SocketStream.
+        # hypercorn annotates ``stream`` as an SSLStream; a plain connection has a SocketStream
+        # (or the fast path's replay of one, which has its ``socket``).
         sock_stream: object = getattr(tcp, "stream", None)
-        if not isinstance(tcp, TCPServer) or not isinstance(sock_stream, trio.SocketStream):
+        if not isinstance(tcp, TCPServer) or not isinstance(
+            getattr(sock_stream, "socket", None), trio.socket.SocketType
+        ):
             return None
-        return cls(stream, proto, tcp, sock_stream)
+        return cls(stream, proto, tcp, sock_stream)  # type: ignore[arg-type]
 
     def chunked(self) -> bool:
         """True once the response head is out and its body uses chunked framing: only then
@@ -108,32 +198,19 @@ class DirectSocket:
             getattr(conn, "_writer", None), _chunked_writer()
         )
 
-    def try_write(self, data: bytes) -> bytes | None:
-        """Write ``data`` as one HTTP/1.1 chunk without blocking; not a checkpoint.
+    @property
+    def socket(self) -> trio.socket.SocketType:
+        return self._socket.socket
 
-        Returns ``b""`` when the whole chunk was written; the unwritten tail of the framed
-        chunk (raw bytes, to be sent with :meth:`send_raw` before anything else) after a partial
-        write; ``None`` when nothing was written (another writer holds the connection, the
-        socket is full, closed or broken): then ``data`` is still unframed and the caller sends
-        it through ASGI, which also reports a broken connection the usual way.
-        """
-        tcp = self._tcp
+    def try_write(self, data: bytes) -> bytes | None:
         if self._stream.closed:  # hypercorn saw the connection close (read side)
             self.broken = True
             return None
-        if tcp.send_lock.locked():
+        done = write_now(self._tcp.send_lock, self._socket.socket, data)
+        if done is False:
+            self.broken = True
             return None
-        fd = self._socket.socket.fileno()  # re-read: -1 once closed (a cached fd may be reused)
-        if fd < 0:
-            return None
-        frame = frame_chunk(data)
-        try:
-            sent = os.write(fd, frame)
-        except OSError as exc:  # EAGAIN, EPIPE, ECONNRESET...: the ASGI path handles each
-            if exc.errno in _GONE:
-                self.broken = True
-            return None
-        return frame[sent:]
+        return done
 
     async def send_whole(
         self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
@@ -186,7 +263,7 @@ class DirectSocket:
 
 
 #: ``write(2)`` errors that mean the peer is gone (not "try again").
-_GONE: Final = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ESHUTDOWN})
+GONE: Final = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ESHUTDOWN})
 
 
 def _probe() -> list[str]:

@@ -30,7 +30,8 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState, LifespanState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
-from smg_trio.gateway.server import direct, hypercorn_close, hypercorn_errors
+from smg_trio.gateway.server import direct, fast_http1, hypercorn_close, hypercorn_errors
+from smg_trio.gateway.server.fast_http1 import FastHttp1
 from smg_trio.gateway.server.fixes import Fix
 from smg_trio.gateway.server.hypercorn_close import (
     BLOCKED_WRITE_GRACE_S,
@@ -72,7 +73,7 @@ LOOP_FIX: Final = Fix(
 )
 
 #: Every hypercorn/h11 fix of smg_trio's servers.
-FIXES: Final = (LOOP_FIX, hypercorn_close.FIX, hypercorn_errors.FIX, direct.FIX)
+FIXES: Final = (LOOP_FIX, hypercorn_close.FIX, hypercorn_errors.FIX, direct.FIX, fast_http1.FIX)
 
 
 @functools.cache
@@ -88,11 +89,14 @@ async def serve(
     config: Config,
     *,
     write_timeout_s: float = math.inf,
+    fast_http1: bool = True,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the ASGI ``app`` as ``hypercorn.trio.serve(app, config)`` does, on
-    :class:`GatewayTCPServer` connections.
+    :class:`GatewayTCPServer` connections; with ``fast_http1``, plain-TCP connections start
+    on the fast path (:mod:`~smg_trio.gateway.server.fast_http1`), which hands any request it
+    does not serve, and the rest of its connection, to a :class:`GatewayTCPServer`.
 
     Reports the bound base URLs through ``task_status``. Runs until cancelled or until
     ``shutdown_trigger()`` returns; in-flight requests then get ``config.graceful_timeout``
@@ -120,9 +124,10 @@ async def serve(
         async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
             try:
                 await _worker_serve(
-                    wrap_app(app, config.wsgi_max_body_size, "asgi"),
+                    app,
                     config,
                     connections,
+                    fast_http1=fast_http1,
                     shutdown_trigger=trigger,
                     task_status=task_status,
                 )
@@ -156,11 +161,14 @@ async def _worker_serve(
     config: Config,
     connections: Connections,
     *,
+    fast_http1: bool,
     shutdown_trigger: Callable[[], Awaitable[None]] | None,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
     """hypercorn 0.18's ``hypercorn.trio.run.worker_serve`` for TCP listeners, with
-    :class:`GatewayTCPServer` connections."""
+    :class:`GatewayTCPServer` connections (plain ones first on the fast path)."""
+    raw_app = app
+    app = wrap_app(app, config.wsgi_max_body_size, "asgi")
     config.set_statsd_logger_class(StatsdLogger)
 
     lifespan_state: LifespanState = {}
@@ -179,7 +187,8 @@ async def _worker_serve(
             for sock in (*sockets.secure_sockets, *sockets.insecure_sockets):
                 sock.listen(config.backlog)
 
-            listeners: list[trio.SSLListener[trio.SocketStream] | trio.SocketListener] = []
+            listeners: list[trio.SSLListener[trio.SocketStream]] = []
+            plain: list[trio.SocketListener] = []
             binds = []
             if sockets.secure_sockets:
                 ssl_context = config.create_ssl_context()
@@ -190,12 +199,13 @@ async def _worker_serve(
                     )
                     binds.append(f"https://{repr_socket_addr(sock.family, sock.getsockname())}")
             for sock in sockets.insecure_sockets:
-                listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+                plain.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
                 binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
             for bind in binds:
                 await config.log.info(f"Running on {bind} (CTRL + C to quit)")
 
             task_status.started(binds)
+            fast: FastHttp1 | None = None
             try:
                 async with trio.open_nursery(strict_exception_groups=True) as nursery:
                     if shutdown_trigger is not None:
@@ -209,14 +219,34 @@ async def _worker_serve(
                         ConnectionState(lifespan_state.copy()),
                         connections=connections,
                     )
-                    nursery.start_soon(
-                        partial(
-                            trio.serve_listeners,
-                            handler,
-                            listeners,
-                            handler_nursery=server_nursery,
+                    plain_handler: Callable[[Any], Awaitable[None]] = handler
+                    if fast_http1:
+
+                        async def hand_over(stream: Any) -> None:
+                            await handler(stream)
+
+                        fast = FastHttp1(
+                            raw_app, config, context, lifespan_state, connections, hand_over
                         )
-                    )
+                        plain_handler = fast.serve
+                    if listeners:
+                        nursery.start_soon(
+                            partial(
+                                trio.serve_listeners,
+                                handler,
+                                listeners,
+                                handler_nursery=server_nursery,
+                            )
+                        )
+                    if plain:
+                        nursery.start_soon(
+                            partial(
+                                trio.serve_listeners,
+                                plain_handler,
+                                plain,
+                                handler_nursery=server_nursery,
+                            )
+                        )
                     await trio.sleep_forever()
             except BaseExceptionGroup as error:
                 _, other_errors = error.split((ShutdownError, KeyboardInterrupt))
@@ -224,6 +254,8 @@ async def _worker_serve(
                     raise other_errors from None
             finally:
                 await context.terminated.set()
+                if fast is not None:
+                    fast.close_idle()
                 server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
 
         await lifespan.wait_for_shutdown()

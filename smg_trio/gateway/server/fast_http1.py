@@ -1,0 +1,618 @@
+"""The fenced HTTP/1.1 fast path: plain requests on plain-TCP connections, served without h11.
+
+hypercorn turns every request into h11 events, an ``HTTPStream``, a task of its own and a memory
+channel for ``receive``, and every response into three locked writes through its send stack.
+On the gateway's hot routes that costs about as much CPU as the handler. A
+:class:`FastHttp1` connection reads the request head itself and, when the request is a plain
+one, runs the same ASGI app in the connection's own task, with a ``receive`` that reads the
+body from the socket and a ``send`` that frames the response as h11 would (the same bytes on
+the wire) and writes it with one locked, shielded ``send_all``.
+
+A request is plain when its head is well formed HTTP/1.1 with CRLF line ends, one ``Host``,
+at most one ``Content-Length`` of digits, no ``Transfer-Encoding``, ``Expect``, ``Upgrade``
+or ``HTTP2-Settings``, and a method other than ``HEAD`` and ``CONNECT``. Anything else
+(chunked or ``100-continue`` bodies, HTTP/1.0, an HTTP/2 preface or ``h2c`` upgrade, a head
+past ``h11_max_incomplete_size``, a malformed line) is **handed over**: the connection, with
+every byte read so far replayed (:class:`ReplayStream`), goes to hypercorn's connection for
+the rest of its life, and h11 answers it as it always did. TLS listeners never come here.
+
+The connection is one of the server's :class:`~smg_trio.gateway.server.hypercorn_close.Connections`,
+so the stuck-write sweeps and the write timeout cover it; its exchange is the request's
+:class:`~smg_trio.gateway.server.direct.DirectWriter`, so streamed chunks still skip ASGI.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
+from urllib.parse import unquote
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.utils import build_and_validate_headers, parse_socket_addr
+
+from smg_trio.gateway.server.asgi_shield import ASGIApp, Message, Scope
+from smg_trio.gateway.server.direct import DirectWriter, frame_chunk, write_now
+from smg_trio.gateway.server.fixes import Fix, missing_attrs
+from smg_trio.gateway.server.hypercorn_close import CLOSE_LOCK_WAIT_S, Connections
+from smg_trio.gateway.server.hypercorn_errors import protocol_error_body
+
+__all__ = ["FIX", "FastHttp1", "Head", "ReplayStream", "parse_head"]
+
+log = logging.getLogger(__name__)
+
+MAX_RECV: Final = 1 << 16
+
+_TOKEN: Final = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_REQUEST_LINE: Final = re.compile(rb"(" + _TOKEN + rb") (/[\x21-\x7e]*) HTTP/1\.1")
+_FIELD: Final = re.compile(rb"(" + _TOKEN + rb"):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
+#: Request headers that send a connection to hypercorn: framing and protocol switches.
+_HANDED_OVER: Final = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"http2-settings"})
+_DISCONNECT: Final = {"type": "http.disconnect"}
+_NO_BODY_STATUS: Final = frozenset({204, 304})
+
+
+class Head:
+    """A plain request's head: what the ASGI scope and the body framing need."""
+
+    __slots__ = ("close", "headers", "length", "method", "target")
+
+    def __init__(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        length: int,
+        close: bool,
+    ) -> None:
+        self.method = method
+        self.target = target
+        #: ``(lower-case name, value)`` in order, as h11 gives them to hypercorn.
+        self.headers = headers
+        #: The body's ``Content-Length`` (0 without one).
+        self.length = length
+        #: The client sent ``Connection: close``.
+        self.close = close
+
+
+def parse_head(data: bytes) -> Head | None:
+    """The head (``data``: the bytes before the blank line) of a plain request, else ``None``
+    (the connection is handed to hypercorn, which parses the same bytes)."""
+    lines = data.split(b"\r\n")
+    line = _REQUEST_LINE.fullmatch(lines[0])
+    if line is None:
+        return None
+    method = line.group(1)
+    if method in (b"HEAD", b"CONNECT"):
+        return None
+    headers: list[tuple[bytes, bytes]] = []
+    hosts = 0
+    length: int | None = None
+    close = False
+    for raw in lines[1:]:
+        field = _FIELD.fullmatch(raw)
+        if field is None:
+            return None  # obs-fold, a bare LF, a control byte, a bad name...
+        name = field.group(1).lower()
+        value = field.group(2)
+        if name in _HANDED_OVER:
+            return None
+        if name == b"content-length":
+            if length is not None or not value.isdigit():
+                return None
+            length = int(value)
+        elif name == b"host":
+            hosts += 1
+        elif name == b"connection":
+            tokens = {token.strip().lower() for token in value.split(b",")}
+            if b"upgrade" in tokens:
+                return None
+            close = close or b"close" in tokens
+        headers.append((name, value))
+    if hosts != 1:
+        return None
+    return Head(method, line.group(2), headers, length or 0, close)
+
+
+class ReplayStream:
+    """A connection's ``trio.SocketStream`` with the bytes already read from it in front:
+    what a handed-over connection gives hypercorn (``trio.SocketStream`` cannot be
+    subclassed). Has no ``do_handshake``, so hypercorn treats it as plain TCP."""
+
+    def __init__(self, stream: trio.SocketStream, ahead: bytes) -> None:
+        self._stream = stream
+        self._ahead = ahead
+        self.socket = stream.socket
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._ahead:
+            data, self._ahead = self._ahead, b""
+            await trio.lowlevel.checkpoint()
+            return data
+        return await self._stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+#: Builds hypercorn's connection for a handed-over stream (``GatewayTCPServer`` bound to the
+#: server's app, config, context and state).
+HandOver = Callable[[Any], Awaitable[None]]
+
+
+class FastHttp1:
+    """The plain-TCP connection handler of one server: ``await fast.serve(stream)`` per
+    accepted connection (``trio.serve_listeners``' handler)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        config: Config,
+        context: WorkerContext,
+        state: dict[str, Any],
+        connections: Connections,
+        hand_over: HandOver,
+    ) -> None:
+        self.app = app
+        self.config = config
+        self.context = context
+        self.state = state
+        self.connections = connections
+        self.hand_over = hand_over
+        #: A head longer than this is hypercorn's to refuse (h11's incomplete-event limit).
+        self.max_head: int = config.h11_max_incomplete_size
+        self._idle: set[trio.CancelScope] = set()
+        self._access = config.log.access_logger is not None
+
+    def close_idle(self) -> None:
+        """The server is stopping: connections waiting for a request close now (those in a
+        request close once it is answered)."""
+        for scope in list(self._idle):
+            scope.cancel()
+
+    async def serve(self, stream: trio.SocketStream) -> None:
+        conn = _Connection(self, stream)
+        self.connections.add(conn)
+        handed_over = False
+        try:
+            sock = stream.socket
+            client = parse_socket_addr(sock.family, sock.getpeername())
+            server = parse_socket_addr(sock.family, sock.getsockname())
+            served = 0
+            while not self.context.terminated.is_set():
+                head = await conn.read_head()
+                if head is None:
+                    return
+                if head is _HAND_OVER:
+                    handed_over = True
+                    self.connections.discard(conn)
+                    await self.hand_over(ReplayStream(stream, bytes(conn.buf)))
+                    return
+                assert isinstance(head, Head)
+                served += 1
+                if not await conn.exchange(head, served, client, server):
+                    return
+        except OSError:
+            pass
+        finally:
+            if not handed_over:
+                self.connections.discard(conn)
+                await conn.close()
+
+
+#: ``read_head``'s answer for a request the fast path does not serve.
+_HAND_OVER: Final = object()
+
+
+class _Connection:
+    """One plain-TCP connection on the fast path; the ``Served`` of the stuck-write sweeps."""
+
+    __slots__ = ("buf", "closing", "eof", "send_lock", "server", "stream", "write_since")
+
+    def __init__(self, server: FastHttp1, stream: trio.SocketStream) -> None:
+        self.server = server
+        self.stream = stream
+        self.send_lock = trio.Lock()
+        self.closing = False
+        self.write_since: float | None = None
+        #: Bytes read and not yet consumed: the next request (pipelined or in progress).
+        self.buf = bytearray()
+        #: The client closed its side (or the socket broke).
+        self.eof = False
+
+    async def read_head(self) -> Head | object | None:
+        """The next request's head: a :class:`Head`, :data:`_HAND_OVER`, or ``None`` when the
+        connection is done (closed by the client, idle past the keep-alive timeout, the
+        server stopping)."""
+        found = self._find_head()
+        if found is not None:
+            return found
+        server = self.server
+        with trio.move_on_after(server.config.keep_alive_timeout) as idle:
+            server._idle.add(idle)
+            try:
+                while found is None:
+                    if len(self.buf) > server.max_head or self.eof:
+                        return _HAND_OVER if self.buf else None
+                    data = await self.stream.receive_some(MAX_RECV)
+                    if not data:
+                        self.eof = True
+                        continue
+                    self.buf += data
+                    found = self._find_head()
+                return found
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return None
+            finally:
+                server._idle.discard(idle)
+        return None
+
+    def _find_head(self) -> Head | object | None:
+        buf = self.buf
+        end = buf.find(b"\n\r\n")
+        bare = buf.find(b"\n\n")
+        if bare >= 0 and (end < 0 or bare < end):
+            return _HAND_OVER  # LF-only line ends: h11 reads those
+        if end < 0:
+            return None
+        if end == 0 or buf[end - 1] != 0x0D or end - 1 > self.server.max_head:
+            return _HAND_OVER
+        head = parse_head(bytes(buf[: end - 1]))
+        if head is None:
+            return _HAND_OVER
+        del buf[: end + 3]
+        return head
+
+    async def exchange(self, head: Head, served: int, client: Any, server_addr: Any) -> bool:
+        """Run the app for one request; whether the connection may serve the next one."""
+        server = self.server
+        config = server.config
+        path, _, query = head.target.partition(b"?")
+        scope: Scope = {
+            "type": "http",
+            "http_version": "1.1",
+            "asgi": {"spec_version": "2.1", "version": "3.0"},
+            "method": head.method.decode("ascii"),
+            "scheme": "http",
+            "path": unquote(path.decode("ascii")),
+            "raw_path": path,
+            "query_string": query,
+            "root_path": config.root_path,
+            "headers": head.headers,
+            "client": client,
+            "server": server_addr,
+            "state": server.state.copy(),
+            "extensions": {},
+        }
+        keep_alive = not head.close and served < config.keep_alive_max_requests
+        ex = FastExchange(
+            self, head, keep_alive, limit_close=served >= config.keep_alive_max_requests
+        )
+        await server.context.mark_request()
+        start = time.time()
+        try:
+            await server.app(scope, ex.receive, ex.send)
+        except Exception:
+            await config.log.exception("Error in ASGI Framework")
+        if not ex.head_sent and not ex.broken:  # the app ended without answering
+            # a client that closed its side mid-body sent an incomplete request (h11: 400)
+            await ex.send_error(400 if self.eof and not ex.body_read else 500)
+        if server._access:
+            response = {"status": ex.status or 500, "headers": ex.headers}
+            await config.log.access(scope, response, time.time() - start)  # type: ignore[arg-type]
+        return ex.reusable()
+
+    async def write(self, data: bytes, ex: FastExchange) -> None:
+        """Write ``data`` under the send lock, shielded (a write must finish or fail whole);
+        a client that is gone marks ``ex`` broken."""
+        async with self.send_lock:
+            self.write_since = trio.current_time()
+            try:
+                with trio.CancelScope(shield=True):
+                    await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                ex.gone()
+            finally:
+                self.write_since = None
+
+    async def close(self) -> None:
+        """Close the socket after any write in progress (waited for at most
+        ``CLOSE_LOCK_WAIT_S``: longer, it is stuck on a client that stopped reading)."""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(CLOSE_LOCK_WAIT_S):
+                async with self.send_lock:
+                    self.closing = True
+                    try:
+                        await self.stream.send_eof()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        pass
+                    await self.stream.aclose()
+                    return
+            await self.stream.aclose()
+
+
+class FastExchange(DirectWriter):
+    """One request and its response on a fast-path connection: the ASGI ``receive`` and
+    ``send``, and the response's direct writer."""
+
+    __slots__ = (
+        "_body_left",
+        "body_read",
+        "_chunked",
+        "_conn",
+        "head_sent",
+        "_identity_left",
+        "_keep_alive",
+        "_limit_close",
+        "_request",
+        "_wake",
+        "broken",
+        "finished",
+        "headers",
+        "status",
+    )
+
+    def __init__(self, conn: _Connection, request: Head, keep_alive: bool, *, limit_close: bool):
+        self._conn = conn
+        self._request = request
+        self._keep_alive = keep_alive
+        self._limit_close = limit_close
+        self._body_left = request.length
+        self.body_read = False
+        self.head_sent = False
+        self._chunked = False
+        self._identity_left: int | None = None
+        self._wake: trio.CancelScope | None = None
+        self.broken = False
+        self.finished = False
+        self.status: int | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    def reusable(self) -> bool:
+        """The response is complete, the request body was read whole, and neither side asked
+        for the connection to close: the next request may follow."""
+        return (
+            self.finished
+            and self.body_read
+            and self._keep_alive
+            and not self.broken
+            and not self._conn.eof
+            and not self._identity_left
+        )
+
+    def gone(self) -> None:
+        """The client is gone (a write failed): the app learns it from ``receive``."""
+        self.broken = True
+        self._conn.eof = True
+        if self._wake is not None:
+            self._wake.cancel()
+
+    # -- ASGI ---------------------------------------------------------------------------
+
+    async def receive(self) -> Message:
+        conn = self._conn
+        if not self.body_read:
+            if self._body_left == 0:
+                self.body_read = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            buf = conn.buf
+            if not buf:
+                if conn.eof:
+                    return dict(_DISCONNECT)
+                try:
+                    data = await conn.stream.receive_some(MAX_RECV)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data = b""
+                if not data:
+                    conn.eof = True
+                    return dict(_DISCONNECT)
+                buf += data
+            take = min(len(buf), self._body_left)
+            body = bytes(buf[:take])
+            del buf[:take]
+            self._body_left -= take
+            more = self._body_left > 0
+            self.body_read = not more
+            return {"type": "http.request", "body": body, "more_body": more}
+        # The body is in: wait for the client to go away, or the response to end (ASGI's
+        # ``http.disconnect`` either way). Bytes read meanwhile are the next request's.
+        if self.finished or self.broken or conn.eof:
+            return dict(_DISCONNECT)
+        with trio.CancelScope() as wake:
+            self._wake = wake
+            try:
+                while True:
+                    if len(conn.buf) > conn.server.max_head:
+                        await trio.sleep_forever()  # enough read ahead; wait for the end
+                    data = await conn.stream.receive_some(MAX_RECV)
+                    if not data:
+                        conn.eof = True
+                        break
+                    conn.buf += data
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                conn.eof = True
+            finally:
+                self._wake = None
+        return dict(_DISCONNECT)
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.status is not None:
+                raise RuntimeError("http.response.start sent twice")
+            self.status = int(message["status"])
+            self.headers = list(message.get("headers", ()))
+        elif kind == "http.response.body":
+            if self.status is None:
+                raise RuntimeError("http.response.body before http.response.start")
+            await self._body(bytes(message.get("body", b"")), bool(message.get("more_body")))
+
+    async def _body(self, body: bytes, more: bool) -> None:
+        if self.finished or self.broken:
+            return
+        data = b""
+        if not self.head_sent:
+            data = self._head()
+        if body and self.status not in _NO_BODY_STATUS:
+            if self._chunked:
+                data += frame_chunk(body)
+            else:
+                data += body
+                if self._identity_left is not None:
+                    self._identity_left -= len(body)
+        if not more:
+            if self._chunked:
+                data += b"0\r\n\r\n"
+            self.finished = True
+            if self._wake is not None:
+                self._wake.cancel()
+        if data:
+            await self._conn.write(data, self)
+
+    def _head(self) -> bytes:
+        """The status line and headers, byte for byte what h11 writes for hypercorn."""
+        self.head_sent = True
+        status = self.status
+        assert status is not None
+        config = self._conn.server.config
+        headers = build_and_validate_headers(self.headers)
+        headers.extend(config.response_headers("h11"))
+        if self._limit_close:
+            headers.append((b"connection", b"close"))
+        connection: set[bytes] = set()
+        length: int | None = None
+        for name, value in headers:
+            lower = name.lower()
+            if lower == b"connection":
+                connection.update(t.strip().lower() for t in value.split(b","))
+            elif lower == b"content-length" and value.isdigit():
+                length = int(value)
+        if b"close" in connection:
+            self._keep_alive = False
+        if status in _NO_BODY_STATUS or status < 200:
+            pass
+        elif length is not None:
+            self._identity_left = length
+        else:  # h11: no framing given to an HTTP/1.1 client means chunked
+            headers = [
+                (n, v)
+                for n, v in headers
+                if n.lower() not in (b"content-length", b"transfer-encoding")
+            ]
+            headers.append((b"Transfer-Encoding", b"chunked"))
+            self._chunked = True
+        unread = not self.body_read
+        if unread and len(self._conn.buf) >= self._body_left:
+            # answered before reading a body that has arrived whole: skip it, keep the
+            # connection (hypercorn's h11 reads it meanwhile and recycles too)
+            del self._conn.buf[: self._body_left]
+            self._body_left = 0
+            self.body_read = True
+            unread = False
+        if self._request.close or (unread and b"close" not in connection):
+            # h11 answers a client's close with its own; a body still on its way cannot be
+            # told from the next request, so the connection closes after this answer and
+            # says so (hypercorn closes without saying)
+            self._keep_alive = False
+            connection.discard(b"keep-alive")
+            connection.add(b"close")
+            headers = [(n, v) for n, v in headers if n.lower() != b"connection"]
+            headers.extend((b"Connection", token) for token in sorted(connection))
+        lines = [b"HTTP/1.1 %d \r\n" % status]
+        lines.extend(b"%s: %s\r\n" % (n, v) for n, v in headers)
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+    async def send_error(self, status: int) -> None:
+        """The app ended without a response: answer ``status`` in the OpenAI envelope, as
+        hypercorn does, and close."""
+        body = protocol_error_body(status)
+        self.status = status
+        self.headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        with trio.CancelScope(shield=True):
+            await self._body(body, False)
+
+    # -- DirectWriter ------------------------------------------------------------------
+
+    @property
+    def socket(self) -> trio.socket.SocketType:
+        return self._conn.stream.socket
+
+    def chunked(self) -> bool:
+        return self.head_sent and self._chunked and not self.finished
+
+    def try_write(self, data: bytes) -> bytes | None:
+        conn = self._conn
+        if self.broken or conn.eof:
+            self.broken = True
+            return None
+        if self.finished:
+            return None
+        done = write_now(conn.send_lock, conn.stream.socket, data)
+        if done is False:
+            self.broken = True
+            return None
+        return done
+
+    async def send_whole(
+        self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
+    ) -> bool:
+        if self.status is not None or not 200 <= status < 600 or status in _NO_BODY_STATUS:
+            return False
+        self.status = status
+        self.headers = list(headers)
+        with trio.CancelScope(shield=True):
+            await self._body(body, False)
+        return True
+
+    async def send_raw(self, data: bytes) -> None:
+        await self._conn.write(data, self)
+
+
+def _probe() -> list[str]:
+    config = Config()
+    return [
+        *missing_attrs(
+            config,
+            (
+                "h11_max_incomplete_size",
+                "keep_alive_timeout",
+                "keep_alive_max_requests",
+                "root_path",
+            ),
+        ),
+        *missing_attrs(config.log, ("access_logger",)),
+        *missing_attrs(WorkerContext(None), ("terminated",)),
+    ]
+
+
+FIX: Final = Fix(
+    name="the HTTP/1.1 fast path (gateway/server/fast_http1.py)",
+    verified={"hypercorn": "0.18"},
+    targets=(
+        "hypercorn.config:Config.response_headers",
+        "hypercorn.logging:Logger.access",
+        "hypercorn.logging:Logger.exception",
+        "hypercorn.trio.worker_context:WorkerContext.mark_request",
+        "hypercorn.utils:build_and_validate_headers",
+        "hypercorn.utils:parse_socket_addr",
+    ),
+    probe=_probe,
+)

@@ -1,0 +1,372 @@
+"""The HTTP/1.1 fast path (``smg_trio/gateway/server/fast_http1.py``): plain requests answered
+byte for byte as hypercorn answers them, everything else handed to hypercorn with the bytes
+already read, and the connection rules (keep-alive, pipelining, bodies in pieces, answers
+before the body, shutdown) kept."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.gateway.server import fast_http1
+from smg_trio.gateway.server.fast_http1 import ReplayStream, parse_head
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
+
+CHAT = json.dumps({"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+STREAM = json.dumps(
+    {
+        "model": "M",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+)
+
+
+def _post(body: str, path: str = "/v1/chat/completions", extra: str = "") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body.encode())}\r\n{extra}\r\n{body}"
+    ).encode()
+
+
+def _hostport(base_url: str) -> tuple[str, int]:
+    url = httpx.URL(base_url)
+    assert url.host is not None and url.port is not None
+    return url.host, url.port
+
+
+class HandOvers:
+    """Counts the connections the fast path handed to hypercorn."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = ReplayStream.__init__
+
+        def init(stream: ReplayStream, *args: Any) -> None:
+            self.count += 1
+            real(stream, *args)
+
+        monkeypatch.setattr(ReplayStream, "__init__", init)
+
+
+async def _talk(h: Any, raw: bytes | Sequence[bytes], *, pause: float = 0.0) -> bytes:
+    """Send ``raw`` (pieces, ``pause`` apart) on one connection; read until the server
+    closes it."""
+    pieces = [raw] if isinstance(raw, bytes) else list(raw)
+    async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+        for piece in pieces:
+            await stream.send_all(piece)
+            if pause:
+                await trio.sleep(pause)
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    return data
+
+
+def _normal(data: bytes) -> bytes:
+    """Responses with what differs from run to run blanked: dates, ids, timestamps."""
+    data = re.sub(rb"date: [^\r]*", b"date: D", data)
+    data = re.sub(rb"x-request-id: [^\r]*", b"x-request-id: R", data)
+    data = re.sub(rb'"(id|created|system_fingerprint)": ?("[^"]*"|\d+)', rb'"\1": X', data)
+    data = re.sub(rb"(chatcmpl|cmpl)-[0-9a-zA-Z-]+", rb"\1-X", data)
+    return data
+
+
+#: One connection's worth of plain requests, the last one closing it.
+PLAIN = (
+    _post(CHAT)
+    + _post(STREAM)
+    + _post("{not json")
+    + b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    + b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"
+    + b"DELETE /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n"
+    + _post(json.dumps({"model": "M", "prompt": "hi", "max_tokens": 4}), path="/v1/completions")
+    + _post(CHAT, extra="Connection: close\r\n")
+)
+
+
+async def test_plain_requests_get_hypercorns_bytes(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same pipelined requests on the fast path and on hypercorn's: the same bytes back,
+    down to header order and casing, chunk framing and the closing ``Connection: close``."""
+    hand_overs = HandOvers(monkeypatch)
+    steps = steps_of(tok, "one ", "two ", "three ", "four ")
+    answers = {}
+    for fast in (True, False):
+        with trio.fail_after(DEADLINE_S):
+            async with harness(plan=lambda r: steps, fast_http1=fast) as h:
+                answers[fast] = _normal(await _talk(h, PLAIN))
+                assert h.client.inflight_count == 0
+    assert hand_overs.count == 0  # all of it plain
+    assert answers[True].count(b"HTTP/1.1 ") == 8
+    assert b"Transfer-Encoding: chunked" in answers[True]
+    assert answers[True].endswith(b"}")  # the closing answer is the last thing sent
+    assert answers[True] == answers[False]
+
+
+async def test_keep_alive_serves_many_requests_on_one_connection(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hand_overs = HandOvers(monkeypatch)
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            async with httpx.AsyncClient(base_url=h.base_url) as client:
+                for _ in range(5):
+                    resp = await client.post(
+                        "/v1/chat/completions",
+                        content=CHAT,
+                        headers={"content-type": "application/json"},
+                    )
+                    assert resp.status_code == 200, resp.text
+                    assert resp.json()["object"] == "chat.completion"
+                    assert (await client.get("/v1/models")).status_code == 200
+            assert h.client.inflight_count == 0
+    assert hand_overs.count == 0
+
+
+HANDED_OVER = [
+    pytest.param(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n"
+        % (len(CHAT), CHAT.encode()),
+        200,
+        id="chunked-body",
+    ),
+    pytest.param(
+        b"POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(CHAT), CHAT.encode()),
+        200,
+        id="http-1.0",
+    ),
+    pytest.param(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505, id="h2-prior-knowledge"),
+    pytest.param(
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nConnection: close\r\n\r\n",
+        200,
+        id="h2c-upgrade",
+    ),
+    pytest.param(b"GET /v1/models HTTP/1.1\nHost: x\nConnection: close\n\n", 200, id="bare-lf"),
+    pytest.param(b"GET /v1/models HTTP/1.1\r\nConnection: close\r\n\r\n", 400, id="no-host"),
+    pytest.param(
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: "
+        + b"a" * 20000
+        + b"\r\n\r\n",
+        200,
+        id="long-head",
+    ),
+    pytest.param(
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-A: a\r\n folded\r\nConnection: close\r\n\r\n",
+        200,
+        id="obs-fold",
+    ),
+    pytest.param(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+        b"Content-Length: 2\r\n\r\nab",
+        400,
+        id="two-content-lengths",
+    ),
+    pytest.param(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        400,
+        id="cl-and-te",
+    ),
+]
+
+
+@pytest.mark.parametrize(("raw", "status"), HANDED_OVER)
+async def test_what_is_not_plain_goes_to_hypercorn(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch, raw: bytes, status: int
+) -> None:
+    """Each shape the fast path does not serve is handed over, bytes and all, and answered as
+    hypercorn (and the gateway's own guards) answer it; errors in the OpenAI envelope."""
+    hand_overs = HandOvers(monkeypatch)
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            data = await _talk(h, raw)
+            assert h.client.inflight_count == 0
+    assert hand_overs.count == 1
+    assert int(data.split(b" ", 2)[1]) == status, data[:300]
+    if status >= 400:
+        body = data.partition(b"\r\n\r\n")[2]
+        assert "error" in json.loads(body)
+
+
+async def test_expect_100_continue_is_handed_over(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that waits for ``100 Continue`` before its body gets it (from hypercorn)."""
+    hand_overs = HandOvers(monkeypatch)
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(CHAT)}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+                await stream.send_all(head)
+                interim = await stream.receive_some(65536)
+                assert interim.startswith(b"HTTP/1.1 100 ")
+                await stream.send_all(CHAT.encode())
+                data = b""
+                while chunk := await stream.receive_some(65536):
+                    data += chunk
+    assert hand_overs.count == 1
+    assert data.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_a_connection_is_handed_over_after_plain_requests(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain requests first (fast path), then a chunked one: it and what follows it on the
+    connection are hypercorn's, in order."""
+    hand_overs = HandOvers(monkeypatch)
+    chunked = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n"
+        % (len(CHAT), CHAT.encode())
+    )
+    raw = _post(CHAT) + _post(CHAT) + chunked + _post(CHAT, extra="Connection: close\r\n")
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            data = await _talk(h, raw)
+    assert hand_overs.count == 1
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", data) == [b"200"] * 4
+    assert (
+        data.count(b'"object":"chat.completion"') + data.count(b'"object": "chat.completion"') == 4
+    )
+
+
+async def test_a_body_in_pieces_is_read_whole(harness: HarnessFactory) -> None:
+    raw = _post(CHAT, extra="Connection: close\r\n")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    pieces = [head[:20], head[20:] + b"\r\n\r\n", body[:10], body[10:30], body[30:]]
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            data = await _talk(h, pieces, pause=0.02)
+    assert data.startswith(b"HTTP/1.1 200 ")
+    assert b"chat.completion" in data
+
+
+async def test_an_answer_before_the_body_closes_and_says_so(harness: HarnessFactory) -> None:
+    """A 401 from the headers alone, while the body is still on its way: the answer says
+    ``Connection: close`` (the rest of the body cannot be told from a next request) and the
+    connection closes after it."""
+    raw = _post(CHAT)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=GatewayHttpConfig(api_key="k" * 32)) as h:
+            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+                await stream.send_all(head + b"\r\n\r\n" + body[:5])
+                data = b""
+                while chunk := await stream.receive_some(65536):
+                    data += chunk
+            assert h.client.inflight_count == 0
+    assert data.startswith(b"HTTP/1.1 401 ")
+    assert b"\r\nConnection: close\r\n" in data
+
+
+async def test_an_answer_before_a_body_that_arrived_keeps_the_connection(
+    harness: HarnessFactory,
+) -> None:
+    """The same 401, with the whole body already read: the body is skipped and the next
+    request on the connection is served."""
+    raw = _post(CHAT) + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=GatewayHttpConfig(api_key="k" * 32)) as h:
+            data = await _talk(h, raw)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", data) == [b"401", b"200"]
+
+
+async def test_stopping_closes_idle_keep_alive_connections(harness: HarnessFactory) -> None:
+    """A stopping server does not wait for idle keep-alive connections: the client sees the
+    connection close at once."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            stream = await trio.open_tcp_stream(*_hostport(h.base_url))
+            await stream.send_all(_post(CHAT))
+            first = await stream.receive_some(65536)
+            assert first.startswith(b"HTTP/1.1 200 ")
+        # the harness (and its server) has stopped: the connection is closed
+        assert await stream.receive_some(65536) == b""
+        await stream.aclose()
+
+
+async def test_a_client_that_ends_mid_body_gets_hypercorns_answer(harness: HarnessFactory) -> None:
+    """The client closes its side after part of the body: both servers answer the same 400
+    (an incomplete request), and nothing is left in flight."""
+    raw = _post(CHAT)[:-10]
+    answers = {}
+    for fast in (True, False):
+        with trio.fail_after(DEADLINE_S):
+            async with harness(fast_http1=fast) as h:
+                async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+                    await stream.send_all(raw)
+                    await stream.send_eof()
+                    data = b""
+                    while chunk := await stream.receive_some(65536):
+                        data += chunk
+                answers[fast] = _normal(data)
+                assert h.client.inflight_count == 0
+    assert answers[True].startswith(b"HTTP/1.1 400 ")
+    assert answers[True] == answers[False]
+
+
+# -- parse_head ------------------------------------------------------------------------
+
+
+def test_parse_head_reads_a_plain_head() -> None:
+    head = parse_head(
+        b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\n"
+        b"X-Thing:  spaced value \t\r\nConnection: keep-alive, close"
+    )
+    assert head is not None
+    assert (head.method, head.target, head.length, head.close) == (
+        b"POST",
+        b"/v1/chat/completions?x=1",
+        12,
+        True,
+    )
+    assert head.headers[2] == (b"x-thing", b"spaced value")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"HEAD / HTTP/1.1\r\nHost: a",
+        b"CONNECT a:1 HTTP/1.1\r\nHost: a",
+        b"GET / HTTP/1.0\r\nHost: a",
+        b"GET  / HTTP/1.1\r\nHost: a",
+        b"GET * HTTP/1.1\r\nHost: a",
+        b"GET / HTTP/1.1\r\nHost: a\r\nHost: b",
+        b"GET / HTTP/1.1",
+        b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: -1",
+        b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1, 1",
+        b"GET / HTTP/1.1\r\nHost: a\r\nBad Name: x",
+        b"GET / HTTP/1.1\r\nHost: a\r\nX: a\x00b",
+        b"GET / HTTP/1.1\r\nHost: a\r\nX: a\nb",
+        b"GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue",
+        b"GET / HTTP/1.1\r\nHost: a\r\nupgrade: websocket\r\nConnection: upgrade",
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade",
+        b"GET /\xff HTTP/1.1\r\nHost: a",
+    ],
+)
+def test_parse_head_hands_over_the_rest(data: bytes) -> None:
+    assert parse_head(data) is None
+
+
+def test_the_fix_targets_are_present() -> None:
+    fast_http1.FIX.check()
