@@ -268,7 +268,7 @@ async def _ignored_then_real(
     ignored: str,
 ) -> None:
     """Play ``script`` from raw DEALERs (strangers, which stay connected) to a running
-    handshake; once the driver logged ``ignored``, let real engines ``real`` dial: the
+    handshake (a ``("wait", b"", [text])`` step waits for the driver to log ``text``); once the driver logged ``ignored``, let real engines ``real`` dial: the
     handshake must complete with them."""
     real = [0] if real is None else real
     done = trio.Event()
@@ -289,6 +289,14 @@ async def _ignored_then_real(
                 nursery.start_soon(drive)
                 dealers: dict[tuple[str, bytes], ZmqSocket] = {}
                 for which, identity, frames in script:
+                    if which == "wait":  # messages on two sockets have no order: wait here
+                        step = _LogWatch(frames[0].decode())
+                        handshake_logger.addHandler(step)
+                        try:
+                            await step.seen.wait()
+                        finally:
+                            handshake_logger.removeHandler(step)
+                        continue
                     key = (which, identity)
                     if key not in dealers:
                         address = bound.handshake_address if which == "hs" else bound.input_address
@@ -387,6 +395,7 @@ async def test_duplicate_registration_is_ignored(
         [
             ("hs", E0, [HELLO]),
             ("hs", E0, [READY]),
+            ("wait", b"", [b"handshake: READY from engine 0"]),
             ("in", E0, [_registration()]),
             ("in", E0, [_registration()]),
         ],

@@ -24,7 +24,6 @@ so the stuck-write sweeps and the write timeout cover it; its exchange is the re
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
@@ -47,9 +46,12 @@ log = logging.getLogger(__name__)
 
 MAX_RECV: Final = 1 << 16
 
-_TOKEN: Final = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_REQUEST_LINE: Final = re.compile(rb"(" + _TOKEN + rb") (/[\x21-\x7e]*) HTTP/1\.1")
-_FIELD: Final = re.compile(rb"(" + _TOKEN + rb"):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
+#: The bytes a header name (an RFC 9110 token) may hold.
+_TOKEN: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+#: The bytes a request target may hold (visible ASCII).
+_TARGET: Final = bytes(range(0x21, 0x7F))
+#: The bytes a header value may hold (h11's: HTAB, visible ASCII, obs-text).
+_VALUE: Final = b"\t" + bytes(range(0x20, 0x7F)) + bytes(range(0x80, 0x100))
 #: Request headers that send a connection to hypercorn: framing and protocol switches.
 _HANDED_OVER: Final = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"http2-settings"})
 _DISCONNECT: Final = {"type": "http.disconnect"}
@@ -83,22 +85,30 @@ def parse_head(data: bytes) -> Head | None:
     """The head (``data``: the bytes before the blank line) of a plain request, else ``None``
     (the connection is handed to hypercorn, which parses the same bytes)."""
     lines = data.split(b"\r\n")
-    line = _REQUEST_LINE.fullmatch(lines[0])
-    if line is None:
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or parts[2] != b"HTTP/1.1":
         return None
-    method = line.group(1)
-    if method in (b"HEAD", b"CONNECT"):
+    method, target = parts[0], parts[1]
+    if (
+        not method
+        or method.translate(None, _TOKEN)
+        or method in (b"HEAD", b"CONNECT")
+        or not target.startswith(b"/")
+        or target.translate(None, _TARGET)
+    ):
         return None
     headers: list[tuple[bytes, bytes]] = []
     hosts = 0
     length: int | None = None
     close = False
     for raw in lines[1:]:
-        field = _FIELD.fullmatch(raw)
-        if field is None:
-            return None  # obs-fold, a bare LF, a control byte, a bad name...
-        name = field.group(1).lower()
-        value = field.group(2)
+        name, colon, value = raw.partition(b":")
+        if not colon or not name or name.translate(None, _TOKEN):
+            return None  # obs-fold (a leading space), a bad name, no colon...
+        value = value.strip(b" \t")
+        if value.translate(None, _VALUE):
+            return None  # a control byte (a bare LF among them)
+        name = name.lower()
         if name in _HANDED_OVER:
             return None
         if name == b"content-length":
@@ -115,7 +125,7 @@ def parse_head(data: bytes) -> Head | None:
         headers.append((name, value))
     if hosts != 1:
         return None
-    return Head(method, line.group(2), headers, length or 0, close)
+    return Head(method, target, headers, length or 0, close)
 
 
 class ReplayStream:
@@ -350,17 +360,17 @@ class FastExchange(DirectWriter):
 
     __slots__ = (
         "_body_left",
-        "body_read",
         "_chunked",
         "_conn",
-        "head_sent",
         "_identity_left",
         "_keep_alive",
         "_limit_close",
         "_request",
         "_wake",
+        "body_read",
         "broken",
         "finished",
+        "head_sent",
         "headers",
         "status",
     )
