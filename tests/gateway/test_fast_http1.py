@@ -17,7 +17,7 @@ import trio
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.server import fast_http1
 from smg_trio.gateway.server.fast_http1 import ReplayStream, parse_head
-from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, hostport, steps_of
 
 CHAT = json.dumps({"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
 STREAM = json.dumps(
@@ -38,12 +38,6 @@ def _post(body: str, path: str = "/v1/chat/completions", extra: str = "") -> byt
     ).encode()
 
 
-def _hostport(base_url: str) -> tuple[str, int]:
-    url = httpx.URL(base_url)
-    assert url.host is not None and url.port is not None
-    return url.host, url.port
-
-
 class HandOvers:
     """Counts the connections the fast path handed to hypercorn."""
 
@@ -62,7 +56,7 @@ async def _talk(h: Any, raw: bytes | Sequence[bytes], *, pause: float = 0.0) -> 
     """Send ``raw`` (pieces, ``pause`` apart) on one connection; read until the server
     closes it."""
     pieces = [raw] if isinstance(raw, bytes) else list(raw)
-    async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+    async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
         for piece in pieces:
             await stream.send_all(piece)
             if pause:
@@ -214,15 +208,14 @@ async def test_expect_100_continue_is_handed_over(
         f"Content-Length: {len(CHAT)}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
     ).encode()
     with trio.fail_after(DEADLINE_S):
-        async with harness() as h:
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
-                await stream.send_all(head)
-                interim = await stream.receive_some(65536)
-                assert interim.startswith(b"HTTP/1.1 100 ")
-                await stream.send_all(CHAT.encode())
-                data = b""
-                while chunk := await stream.receive_some(65536):
-                    data += chunk
+        async with harness() as h, await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
+            await stream.send_all(head)
+            interim = await stream.receive_some(65536)
+            assert interim.startswith(b"HTTP/1.1 100 ")
+            await stream.send_all(CHAT.encode())
+            data = b""
+            while chunk := await stream.receive_some(65536):
+                data += chunk
     assert hand_overs.count == 1
     assert data.startswith(b"HTTP/1.1 200 ")
 
@@ -269,7 +262,7 @@ async def test_an_answer_before_the_body_closes_and_says_so(harness: HarnessFact
     head, _, body = raw.partition(b"\r\n\r\n")
     with trio.fail_after(DEADLINE_S):
         async with harness(config=GatewayHttpConfig(api_key="k" * 32)) as h:
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                 await stream.send_all(head + b"\r\n\r\n" + body[:5])
                 data = b""
                 while chunk := await stream.receive_some(65536):
@@ -296,7 +289,7 @@ async def test_stopping_closes_idle_keep_alive_connections(harness: HarnessFacto
     connection close at once."""
     with trio.fail_after(DEADLINE_S):
         async with harness() as h:
-            stream = await trio.open_tcp_stream(*_hostport(h.base_url))
+            stream = await trio.open_tcp_stream(*hostport(h.base_url))
             await stream.send_all(_post(CHAT))
             first = await stream.receive_some(65536)
             assert first.startswith(b"HTTP/1.1 200 ")
@@ -313,7 +306,7 @@ async def test_a_client_that_ends_mid_body_gets_hypercorns_answer(harness: Harne
     for fast in (True, False):
         with trio.fail_after(DEADLINE_S):
             async with harness(fast_http1=fast) as h:
-                async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+                async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                     await stream.send_all(raw)
                     await stream.send_eof()
                     data = b""

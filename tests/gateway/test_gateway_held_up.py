@@ -11,7 +11,6 @@ import json
 import re
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
@@ -19,19 +18,12 @@ from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http import call as call_module
 from smg_trio.gateway.openai.translate import MAX_STOP_CHARS
 from tests.gateway.test_gateway_rejections import assert_envelope, assert_untouched
-from tests.helpers.gateway import DEADLINE_S, HarnessFactory
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, hostport
 
 KEY = "sekret-key"
 CHAT_BODY = json.dumps(
     {"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 )
-
-
-def _hostport(base_url: str) -> tuple[str, int]:
-    url = httpx.URL(base_url)
-    assert url.host is not None
-    assert url.port is not None
-    return url.host, url.port
 
 
 async def _read_all(stream: trio.SocketStream) -> bytes:
@@ -179,7 +171,7 @@ async def test_idle_connection_is_closed_and_slowloris_blocks_no_one(
     not kept forever."""
     with trio.fail_after(4 * DEADLINE_S):
         async with harness() as h:
-            host, port = _hostport(h.base_url)
+            host, port = hostport(h.base_url)
             idle = await trio.open_tcp_stream(host, port)
             slow = [await trio.open_tcp_stream(host, port) for _ in range(20)]
             for s in slow:
@@ -201,7 +193,7 @@ async def test_idle_connection_is_closed_and_slowloris_blocks_no_one(
 async def test_http_1_0_is_served_and_closed(harness: HarnessFactory) -> None:
     with trio.fail_after(DEADLINE_S):
         async with harness() as h:
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                 await stream.send_all(_request("POST", "/v1/chat/completions", CHAT_BODY, "1.0"))
                 data = await _read_all(stream)  # HTTP/1.0: the server closes after one
             assert _statuses(data) == [200]
@@ -216,7 +208,7 @@ async def test_pipelined_requests_are_answered_in_order(harness: HarnessFactory)
                 + _request("GET", "/v1/nope")
                 + _request("GET", "/v1/models", extra="Connection: close\r\n")
             )
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                 await stream.send_all(raw)
                 data = await _read_all(stream)
             assert _statuses(data) == [200, 404, 200]
@@ -229,7 +221,7 @@ async def test_expect_100_continue(harness: HarnessFactory, api_key: str | None)
     is refused before its body (401) gets its answer without the body ever being sent."""
     with trio.fail_after(DEADLINE_S):
         async with harness(config=GatewayHttpConfig(api_key=api_key)) as h:
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                 head = _request("POST", "/v1/chat/completions", CHAT_BODY)
                 head = head[: head.index(b"\r\n\r\n")] + b"\r\nExpect: 100-continue\r\n\r\n"
                 await stream.send_all(head)
@@ -256,7 +248,7 @@ async def test_an_unknown_transfer_coding_is_a_400_not_a_501(harness: HarnessFac
                 b"Content-Type: application/json\r\nTransfer-Encoding: chunked, identity\r\n\r\n"
                 b"2\r\n{}\r\n0\r\n\r\n"
             )
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                 await stream.send_all(raw)
                 data = await _read_all(stream)
             assert _statuses(data) == [400], data[:300]
@@ -279,7 +271,7 @@ async def test_bad_chunk_size_is_a_400_and_a_close(harness: HarnessFactory, size
                 + b"\r\n{}\r\n0\r\n\r\n"
                 + _request("GET", "/v1/models")
             )
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                 await stream.send_all(raw)
                 data = await _read_all(stream)  # the server closes: nothing pipelined served
             assert _statuses(data) == [400], data[:300]
@@ -301,7 +293,7 @@ async def test_h2c_upgrade_is_answered_never_a_5xx(harness: HarnessFactory) -> N
                 "HTTP2-Settings: AAMAAABkAAQAAP__\r\n"
             )
             assert (await h.chat(max_tokens=2)).status_code == 200
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                 await stream.send_all(_request("GET", "/v1/models", extra=extra))
                 first = await stream.receive_some(65536)
             status = int(first.split(b" ", 2)[1])
@@ -319,7 +311,7 @@ async def test_http2_is_off_by_default(harness: HarnessFactory) -> None:
     )
     with trio.fail_after(DEADLINE_S):
         async with harness() as h:
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                 await stream.send_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
                 answer = b""
                 while chunk := await stream.receive_some(65536):
@@ -327,13 +319,13 @@ async def test_http2_is_off_by_default(harness: HarnessFactory) -> None:
             head, _, body = answer.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 505"), answer[:200]
             assert set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                 await stream.send_all(_request("GET", "/v1/models", extra=upgrade))
                 first = await stream.receive_some(65536)
             assert first.startswith(b"HTTP/1.1 200"), first[:200]
             assert (await h.chat(max_tokens=2)).status_code == 200
         async with harness(config=GatewayHttpConfig(enable_http2=True)) as h:
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                 await stream.send_all(_request("GET", "/v1/models", extra=upgrade))
                 first = await stream.receive_some(65536)
             assert first.startswith(b"HTTP/1.1 101"), first[:200]
@@ -359,7 +351,7 @@ async def test_http2_floods_are_bounded_and_others_still_served(harness: Harness
                 sid = conn.get_next_available_stream_id()
                 conn.send_headers(sid, headers, end_stream=True)
                 conn.reset_stream(sid)
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                 try:
                     await stream.send_all(conn.data_to_send())
                     answer = await stream.receive_some(65536)

@@ -406,7 +406,7 @@ async def test_queued_request_is_served_once_a_slot_frees(harness: HarnessFactor
 
 
 async def test_client_that_stops_reading_is_dropped_and_its_request_aborted(
-    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+    harness_both: HarnessFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A streaming client that never reads (small receive buffer, small server send buffer):
     the blocked write is dropped after the write timeout, the engine gets ABORT and the
@@ -414,7 +414,7 @@ async def test_client_that_stops_reading_is_dropped_and_its_request_aborted(
     spy = WriteSpy(monkeypatch, sndbuf=4096)
     config = GatewayHttpConfig(write_timeout_s=0.3)
     with trio.fail_after(4 * DEADLINE_S):
-        async with harness(config=config, step_s=0.0005, max_model_len=65536) as h:
+        async with harness_both(config=config, step_s=0.0005, max_model_len=65536) as h:
             sse = await RawSSE.post(
                 h.base_url,
                 CHAT,

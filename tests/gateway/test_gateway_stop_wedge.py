@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 
 from smg_trio.gateway.http.app import serve_http
@@ -41,7 +42,13 @@ async def _client_that_never_reads(base_url: str) -> trio.SocketStream:
     return client
 
 
-async def test_a_write_that_blocks_after_stopping_began_is_closed(monkeypatch: Any) -> None:
+SERVERS = pytest.mark.parametrize("fast", [True, False], ids=["fast_http1", "hypercorn"])
+
+
+@SERVERS
+async def test_a_write_that_blocks_after_stopping_began_is_closed(
+    monkeypatch: Any, fast: bool
+) -> None:
     first_pass = trio.Event()
     real = hypercorn_close.Connections.close_blocked_writes
 
@@ -76,7 +83,7 @@ async def test_a_write_that_blocks_after_stopping_began_is_closed(monkeypatch: A
 
         async def run(task_status: trio.TaskStatus[list[str]]) -> None:
             with server_scope:
-                await serve_http(app, "127.0.0.1", 0, task_status=task_status)  # type: ignore[arg-type]
+                await serve_http(app, "127.0.0.1", 0, fast_http1=fast, task_status=task_status)  # type: ignore[arg-type]
             stopped.set()
 
         binds = await outer.start(run)
@@ -91,7 +98,10 @@ async def test_a_write_that_blocks_after_stopping_began_is_closed(monkeypatch: A
     assert in_time, "the server kept waiting on a client that is not reading"
 
 
-async def test_a_triggered_stop_closes_a_write_still_blocked_after_the_graceful_timeout() -> None:
+@SERVERS
+async def test_a_triggered_stop_closes_a_write_still_blocked_after_the_graceful_timeout(
+    fast: bool,
+) -> None:
     """The shutdown trigger (not a cancel): in-flight requests get the graceful timeout, then
     a write still blocked on a client that is not reading is closed and the server returns."""
 
@@ -114,6 +124,7 @@ async def test_a_triggered_stop_closes_a_write_still_blocked_after_the_graceful_
                 0,
                 shutdown_trigger=stop.wait,
                 graceful_timeout_s=0.2,
+                fast_http1=fast,
                 task_status=task_status,
             )
             stopped.set()

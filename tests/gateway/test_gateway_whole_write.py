@@ -7,22 +7,14 @@ import json
 import re
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
 from smg_trio.gateway.server.direct import DirectSocket, DirectWriter
 from smg_trio.gateway.server.fast_http1 import FastExchange
-from tests.helpers.gateway import DEADLINE_S, HarnessFactory
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, hostport
 
 CHAT = json.dumps({"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
-
-
-def _hostport(base_url: str) -> tuple[str, int]:
-    url = httpx.URL(base_url)
-    assert url.host is not None
-    assert url.port is not None
-    return url.host, url.port
 
 
 def _post(body: str, extra: str = "") -> bytes:
@@ -82,7 +74,7 @@ def harness(harness_both: HarnessFactory) -> HarnessFactory:
 async def _exchange(harness: HarnessFactory, raw: bytes) -> bytes:
     with trio.fail_after(DEADLINE_S):
         async with harness() as h:
-            async with await trio.open_tcp_stream(*_hostport(h.base_url)) as stream:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
                 await stream.send_all(raw)
                 data = b""
                 while chunk := await stream.receive_some(65536):

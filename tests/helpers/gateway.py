@@ -151,3 +151,11 @@ def content_indices(events: list[Any]) -> set[int]:
         for c in ev.get("choices", [])
         if c.get("delta", {}).get("content") or c.get("text")
     }
+
+
+def hostport(base_url: str) -> tuple[str, int]:
+    """The host and port of a harness's ``base_url``, for raw connections."""
+    url = httpx.URL(base_url)
+    assert url.host is not None
+    assert url.port is not None
+    return url.host, url.port

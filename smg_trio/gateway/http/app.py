@@ -306,6 +306,7 @@ async def serve_http(
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     graceful_timeout_s: float = 30.0,
     bind: str | None = None,
+    fast_http1: bool | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` with smg_trio's hypercorn server
@@ -319,10 +320,12 @@ async def serve_http(
     blocked for the app's ``write_timeout_s`` drops its connection; the listen backlog is
     :func:`listen_backlog`. ``bind`` serves an inherited listening socket (``fd://N``, as
     ``--api-server-count`` frontends do) or a unix socket (``unix:PATH``) instead.
+    ``fast_http1`` overrides the app's ``GatewayHttpConfig.fast_http1``.
     """
     gw = getattr(app, "extensions", {}).get(GATEWAY_KEY)  # a bare ASGI app has none
     enable_http2 = gw.config.enable_http2 if isinstance(gw, Gateway) else False
-    fast_http1 = gw.config.fast_http1 if isinstance(gw, Gateway) else True
+    if fast_http1 is None:  # the app's setting (the fast path for a bare ASGI app)
+        fast_http1 = gw.config.fast_http1 if isinstance(gw, Gateway) else True
     cfg = hyper_config(host, port, graceful_timeout_s, enable_http2=enable_http2, bind=bind)
     write_timeout_s = (
         gw.config.write_timeout_s if isinstance(gw, Gateway) else DEFAULT_WRITE_TIMEOUT_S

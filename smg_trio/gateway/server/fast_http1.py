@@ -186,6 +186,20 @@ class FastHttp1:
         self.max_head: int = config.h11_max_incomplete_size
         self._idle: set[trio.CancelScope] = set()
         self._access = config.log.access_logger is not None
+        self._date_at = -1
+        self._headers: list[tuple[bytes, bytes]] = []
+
+    def response_headers(self) -> list[tuple[bytes, bytes]]:
+        """``config.response_headers("h11")`` (``date``, ``server``), the date formatted once
+        per second rather than once per response."""
+        config = self.config
+        if config.alt_svc_headers or not config.include_date_header:
+            return config.response_headers("h11")
+        now = int(time.time())
+        if now != self._date_at:
+            self._date_at = now
+            self._headers = config.response_headers("h11")
+        return list(self._headers)
 
     def close_idle(self) -> None:
         """The server is stopping: connections waiting for a request close now (those in a
@@ -497,19 +511,23 @@ class FastExchange(DirectWriter):
         self.head_sent = True
         status = self.status
         assert status is not None
-        config = self._conn.server.config
         headers = build_and_validate_headers(self.headers)
-        headers.extend(config.response_headers("h11"))
+        headers.extend(self._conn.server.response_headers())
         if self._limit_close:
             headers.append((b"connection", b"close"))
         connection: set[bytes] = set()
         length: int | None = None
+        framing = False  # a Content-Length or Transfer-Encoding the app gave
         for name, value in headers:
             lower = name.lower()
             if lower == b"connection":
                 connection.update(t.strip().lower() for t in value.split(b","))
-            elif lower == b"content-length" and value.isdigit():
-                length = int(value)
+            elif lower == b"content-length":
+                framing = True
+                if value.isdigit():
+                    length = int(value)
+            elif lower == b"transfer-encoding":
+                framing = True
         if b"close" in connection:
             self._keep_alive = False
         if status in _NO_BODY_STATUS or status < 200:
@@ -517,11 +535,12 @@ class FastExchange(DirectWriter):
         elif length is not None:
             self._identity_left = length
         else:  # h11: no framing given to an HTTP/1.1 client means chunked
-            headers = [
-                (n, v)
-                for n, v in headers
-                if n.lower() not in (b"content-length", b"transfer-encoding")
-            ]
+            if framing:
+                headers = [
+                    (n, v)
+                    for n, v in headers
+                    if n.lower() not in (b"content-length", b"transfer-encoding")
+                ]
             headers.append((b"Transfer-Encoding", b"chunked"))
             self._chunked = True
         unread = not self.body_read
@@ -539,12 +558,13 @@ class FastExchange(DirectWriter):
             self._keep_alive = False
             connection.discard(b"keep-alive")
             connection.add(b"close")
-            headers = [(n, v) for n, v in headers if n.lower() != b"connection"]
+            if any(n.lower() == b"connection" for n, _ in headers):
+                headers = [(n, v) for n, v in headers if n.lower() != b"connection"]
             headers.extend((b"Connection", token) for token in sorted(connection))
-        lines = [b"HTTP/1.1 %d \r\n" % status]
-        lines.extend(b"%s: %s\r\n" % (n, v) for n, v in headers)
-        lines.append(b"\r\n")
-        return b"".join(lines)
+        return b"HTTP/1.1 %d \r\n%b\r\n" % (
+            status,
+            b"".join([b"%b: %b\r\n" % header for header in headers]),
+        )
 
     async def send_error(self, status: int) -> None:
         """The app ended without a response: answer ``status`` in the OpenAI envelope, as
