@@ -56,7 +56,8 @@ class SubRequest:
     pipeline: ChoicePipeline
 
 
-#: Called with each sub-request's deltas, in order, from the task driving it.
+#: Called with each sub-request's deltas, in order, from the engine output loop (must not
+#: block).
 OnDelta = Callable[[SubRequest, TextDelta], None]
 #: Called once per engine batch before the batch is processed (TTFT bookkeeping).
 OnBatch = Callable[[], None]
@@ -74,34 +75,71 @@ def take_outputs(stream: RequestStream) -> list[EngineOutput]:
         ) from None
 
 
+class _Driver:
+    """Feeds one sub-request's outputs to its pipeline from the engine output loop (the
+    stream's waker), and wakes the driving task only when the choice has ended: a whole
+    response costs one wake-up of its task, not one per engine batch."""
+
+    __slots__ = ("ended", "error", "on_batch", "on_delta", "stream", "sub")
+
+    def __init__(
+        self, stream: RequestStream, sub: SubRequest, on_delta: OnDelta, on_batch: OnBatch
+    ) -> None:
+        self.stream = stream
+        self.sub = sub
+        self.on_delta = on_delta
+        self.on_batch = on_batch
+        self.ended = trio.Event()
+        self.error: Exception | None = None
+
+    def on_ready(self) -> None:
+        """Run by the output loop: never blocks or raises (a failure is kept for the task)."""
+        if self.ended.is_set():
+            return
+        pipeline = self.sub.pipeline
+        try:
+            outputs = take_outputs(self.stream)
+            if not outputs:
+                if self.stream.finished:  # the terminal output was consumed, not finished
+                    raise EngineRequestFailed(
+                        "the engine stream ended without a finish", "engine_aborted"
+                    )
+                return
+            self.on_batch()
+            delta = pipeline.feed(outputs)
+            if delta is not None:
+                self.on_delta(self.sub, delta)
+            if pipeline.failure is not None:
+                raise pipeline.failure
+        except Exception as exc:
+            self.error = exc
+            self.ended.set()
+            return
+        if pipeline.done:
+            self.ended.set()
+
+
 async def drive(
     client: EngineClient, sub: SubRequest, on_delta: OnDelta, on_batch: OnBatch
 ) -> None:
     """Run one sub-request to its finish. A stop string ends the block at once, so the
     connector ABORTs the engine request; so does any exception or cancellation.
 
-    Raises :class:`EngineRequestFailed` (engine error/abort finish or an out-of-band end),
-    ``EngineDeadError``, and whatever ``client.generate`` raises before sending.
+    ``on_batch`` and ``on_delta`` run in the engine output loop (:class:`_Driver`), so they
+    must not block. Raises :class:`EngineRequestFailed` (engine error/abort finish or an
+    out-of-band end), ``EngineDeadError``, and whatever ``client.generate`` raises before
+    sending.
     """
-    pipeline = sub.pipeline
     async with client.generate(sub.request) as stream:
-        while not pipeline.done:
-            try:
-                outputs = await stream.receive_some()
-            except RequestStreamClosed:
-                raise EngineRequestFailed(
-                    "the engine ended the request without finishing it", "engine_aborted"
-                ) from None
-            if not outputs:
-                raise EngineRequestFailed(
-                    "the engine stream ended without a finish", "engine_aborted"
-                )
-            on_batch()
-            delta = pipeline.feed(outputs)
-            if delta is not None:
-                on_delta(sub, delta)
-            if pipeline.failure is not None:
-                raise pipeline.failure
+        driver = _Driver(stream, sub, on_delta, on_batch)
+        stream.set_waker(driver.on_ready)
+        try:
+            driver.on_ready()  # what arrived before the waker was set
+            await driver.ended.wait()
+        finally:
+            stream.set_waker(None)
+        if driver.error is not None:
+            raise driver.error
 
 
 async def run_all(
