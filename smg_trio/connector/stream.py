@@ -106,6 +106,12 @@ class RequestStream:
         """True once the terminal output has been queued."""
         return self._entry.finished
 
+    @property
+    def aborted(self) -> bool:
+        """True once the request was retired by an eager abort
+        (:meth:`~smg_trio.connector.client.EngineClient.abort_nowait`: its client is gone)."""
+        return self._entry.aborted
+
     def _end(self) -> list[EngineOutput]:
         e = self._entry
         if e.finished:

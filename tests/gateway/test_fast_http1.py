@@ -177,6 +177,18 @@ HANDED_OVER = [
         400,
         id="cl-and-te",
     ),
+    # found by the break-it pass: int() refuses past 4300 digits, which took the server down
+    pytest.param(
+        b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"0" * 4301 + b"\r\n\r\n",
+        400,
+        id="4301-digit-content-length",
+    ),
+    pytest.param(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"0" * 21 + b"5"
+        b'\r\n\r\n{"model"',
+        400,
+        id="21-digit-content-length",
+    ),
 ]
 
 
@@ -348,6 +360,7 @@ def test_parse_head_reads_a_plain_head() -> None:
         b"GET / HTTP/1.1",
         b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: -1",
         b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1, 1",
+        b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: " + b"1" * 21,
         b"GET / HTTP/1.1\r\nHost: a\r\nBad Name: x",
         b"GET / HTTP/1.1\r\nHost: a\r\nX: a\x00b",
         b"GET / HTTP/1.1\r\nHost: a\r\nX: a\nb",
@@ -363,3 +376,24 @@ def test_parse_head_hands_over_the_rest(data: bytes) -> None:
 
 def test_the_fix_targets_are_present() -> None:
     fast_http1.FIX.check()
+
+
+async def test_a_fault_in_one_connection_does_not_take_the_server_down(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defence in depth (the break-it pass found one such fault): an unexpected exception
+    while serving a connection closes that connection, is logged, and the server serves on."""
+    real = fast_http1.parse_head
+
+    def faulty(data: bytes) -> fast_http1.Head | None:
+        if b"X-Boom" in data:
+            raise ValueError("boom")
+        return real(data)
+
+    monkeypatch.setattr(fast_http1, "parse_head", faulty)
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            data = await _talk(h, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Boom: 1\r\n\r\n")
+            assert data == b""  # that connection closed, unanswered
+            assert (await h.http.get("/health")).status_code == 200
+    assert "fast path: connection failed" in caplog.text

@@ -133,7 +133,9 @@ class StreamBody(ResponseBody):
             self._call.close_from_exit(exc)
         elif self._error is not None:
             err = to_api_error(self._error)
-            self._call.close(200, err.detail.code, self._error)
+            # the head went out as a 200; a client that went away is still a 499
+            status = 499 if err.status == 499 else 200
+            self._call.close(status, err.detail.code, self._error)
         else:
             self._call.close(200)
 

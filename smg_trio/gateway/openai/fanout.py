@@ -65,11 +65,16 @@ OnBatch = Callable[[], None]
 
 def take_outputs(stream: RequestStream) -> list[EngineOutput]:
     """Every output pending on ``stream`` (possibly none); not a checkpoint. Raises
-    :class:`EngineRequestFailed` when the stream ended without a terminal output, and the
+    :class:`EngineRequestFailed` when the stream ended without a terminal output (a 499
+    ``client_disconnected`` when it was retired because its client went away), and the
     stream's own error (``EngineDeadError``...) when it failed."""
     try:
         return stream.receive_nowait()
     except RequestStreamClosed:
+        if stream.aborted:  # retired because its client is gone: the request ends as a 499
+            raise EngineRequestFailed(
+                "the client went away", "client_disconnected", status=499
+            ) from None
         raise EngineRequestFailed(
             "the engine ended the request without finishing it", "engine_aborted"
         ) from None

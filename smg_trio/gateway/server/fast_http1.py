@@ -24,6 +24,7 @@ so the stuck-write sweeps and the write timeout cover it; its exchange is the re
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
@@ -35,7 +36,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.utils import build_and_validate_headers, parse_socket_addr
 
 from smg_trio.gateway.server.asgi_shield import ASGIApp, Message, Scope
-from smg_trio.gateway.server.direct import DirectWriter, frame_chunk, write_now
+from smg_trio.gateway.server.direct import GONE, DirectWriter, frame_chunk, write_now
 from smg_trio.gateway.server.fixes import Fix, missing_attrs
 from smg_trio.gateway.server.hypercorn_close import CLOSE_LOCK_WAIT_S, Connections
 from smg_trio.gateway.server.hypercorn_errors import protocol_error_body
@@ -52,6 +53,9 @@ _TOKEN: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijk
 _TARGET: Final = bytes(range(0x21, 0x7F))
 #: The bytes a header value may hold (h11's: HTAB, visible ASCII, obs-text).
 _VALUE: Final = b"\t" + bytes(range(0x20, 0x7F)) + bytes(range(0x80, 0x100))
+#: The most digits a ``Content-Length`` may have (h11's limit; past it h11 answers 400, and
+#: ``int()`` would refuse past 4300 digits).
+MAX_LENGTH_DIGITS: Final = 20
 #: Request headers that send a connection to hypercorn: framing and protocol switches.
 _HANDED_OVER: Final = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"http2-settings"})
 _DISCONNECT: Final = {"type": "http.disconnect"}
@@ -112,7 +116,7 @@ def parse_head(data: bytes) -> Head | None:
         if name in _HANDED_OVER:
             return None
         if name == b"content-length":
-            if length is not None or not value.isdigit():
+            if length is not None or not value.isdigit() or len(value) > MAX_LENGTH_DIGITS:
                 return None
             length = int(value)
         elif name == b"host":
@@ -231,6 +235,8 @@ class FastHttp1:
                     return
         except OSError:
             pass
+        except Exception:  # a fault of this connection must not take the server down
+            log.exception("HTTP/1.1 fast path: connection failed")
         finally:
             if not handed_over:
                 self.connections.discard(conn)
@@ -271,7 +277,7 @@ class _Connection:
                 while found is None:
                     if len(self.buf) > server.max_head or self.eof:
                         return _HAND_OVER if self.buf else None
-                    data = await self.stream.receive_some(MAX_RECV)
+                    data = await self.recv()
                     if not data:
                         self.eof = True
                         continue
@@ -339,10 +345,47 @@ class _Connection:
             await config.log.access(scope, response, time.time() - start)  # type: ignore[arg-type]
         return ex.reusable()
 
+    async def recv(self) -> bytes:
+        """The next bytes from the socket (``b""`` at the client's EOF): one ``read(2)`` when
+        data is waiting, else a wait for it. Unlike ``SocketStream.receive_some`` this is a
+        schedule point only when it has to wait (raises ``ClosedResourceError`` once the
+        socket is closed, ``BrokenResourceError`` when the peer reset it)."""
+        sock = self.stream.socket
+        while True:
+            fd = sock.fileno()  # re-read: -1 once closed (a cached fd may be reused)
+            if fd < 0:
+                raise trio.ClosedResourceError
+            try:
+                return os.read(fd, MAX_RECV)
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise trio.BrokenResourceError from exc
+            await trio.lowlevel.wait_readable(sock)
+
     async def write(self, data: bytes, ex: FastExchange) -> None:
         """Write ``data`` under the send lock, shielded (a write must finish or fail whole);
-        a client that is gone marks ``ex`` broken."""
-        async with self.send_lock:
+        a client that is gone marks ``ex`` broken. When the lock is free and the socket takes
+        it all, that is one ``write(2)`` and no schedule point."""
+        lock = self.send_lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
+            fd = self.stream.socket.fileno()
+            if fd >= 0:
+                try:
+                    data = data[os.write(fd, data) :]
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    if exc.errno in GONE:
+                        ex.gone()
+                        return
+                    raise
+                if not data:
+                    return
             self.write_since = trio.current_time()
             try:
                 with trio.CancelScope(shield=True):
@@ -351,6 +394,8 @@ class _Connection:
                 ex.gone()
             finally:
                 self.write_since = None
+        finally:
+            lock.release()
 
     async def close(self) -> None:
         """Close the socket after any write in progress (waited for at most
@@ -437,7 +482,7 @@ class FastExchange(DirectWriter):
                 if conn.eof:
                     return dict(_DISCONNECT)
                 try:
-                    data = await conn.stream.receive_some(MAX_RECV)
+                    data = await conn.recv()
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
                 if not data:
@@ -461,7 +506,7 @@ class FastExchange(DirectWriter):
                 while True:
                     if len(conn.buf) > conn.server.max_head:
                         await trio.sleep_forever()  # enough read ahead; wait for the end
-                    data = await conn.stream.receive_some(MAX_RECV)
+                    data = await conn.recv()
                     if not data:
                         conn.eof = True
                         break
