@@ -98,22 +98,15 @@ class ServeHandle:
                 await self.manager.wait_idle()
 
 
-def _http_config(config: GatewayConfig, frontends: int = 1) -> GatewayHttpConfig:
-    """The HTTP front's settings; with ``frontends`` processes, each admits its share of
-    ``--max-concurrent-requests`` and ``--queue-size`` (rounded up), so the gateway as a
-    whole admits about what was asked (the kernel spreads connections evenly)."""
-
-    def share(total: int) -> int:
-        return -(-total // frontends)
-
+def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
     return GatewayHttpConfig(
         api_key=config.api_key,
         max_n=config.max_n,
         responses_store_size=config.responses_store_size,
         max_sequences_per_request=config.max_sequences_per_request,
         max_tokens_per_request=config.max_tokens_per_request,
-        max_concurrent_requests=share(config.max_concurrent_requests),
-        queue_size=share(config.queue_size),
+        max_concurrent_requests=config.max_concurrent_requests,
+        queue_size=config.queue_size,
         queue_timeout_s=config.queue_timeout_s,
         write_timeout_s=config.write_timeout_s,
         enable_http2=config.enable_http2,

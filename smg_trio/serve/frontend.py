@@ -178,7 +178,7 @@ async def run_frontend(
             )
             # one Responses store for every frontend: a response stored here is found there
             http_config = attrs.evolve(
-                _http_config(config, frontends=count),
+                _http_config(config),
                 responses_store_path=os.path.join(run_dir, RESPONSES_STORE),
             )
             app = create_app(manager, http_config, operations=ADMIN_OPERATIONS)

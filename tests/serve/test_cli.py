@@ -532,9 +532,6 @@ def test_limit_flags_reach_the_gateway_config(monkeypatch: pytest.MonkeyPatch) -
     assert http.queue_size == 7
     assert http.queue_timeout_s == 0
     assert http.write_timeout_s == 5
-    # with frontend processes, each admits its share (rounded up) of the two limits
-    shared = _http_config(cli._config_from_args(args, []), frontends=2)  # type: ignore[arg-type]
-    assert (shared.max_concurrent_requests, shared.queue_size) == (2, 4)
 
 
 def test_cli_defaults_are_the_config_defaults() -> None:
