@@ -252,6 +252,8 @@ class Launch:
     handshake: str
     env: dict[str, str] | None = None
     mock_args: tuple[str, ...] = ()
+    #: The gateway's processes once it is fully up (the supervisor and its frontends).
+    processes: int = 1
 
 
 def gateway_launch(name: str, worker_url: str, model_dir: Path, port: int) -> Launch:
@@ -262,7 +264,8 @@ def gateway_launch(name: str, worker_url: str, model_dir: Path, port: int) -> La
         cmd += ["--backend", "vllm", "--model-path", str(model_dir), "--port", str(port)]
         if name == "smg_trio_n2":
             cmd += ["--api-server-count", "2"]
-        return Launch([*cmd, "--log-level", "warning"], handshake)
+        processes = 3 if name == "smg_trio_n2" else 1
+        return Launch([*cmd, "--log-level", "warning"], handshake, processes=processes)
     if name == "smg":
         cmd = smg_launch_command(
             worker_url, model_dir, backend="vllm", port=port, prometheus_port=_free_port()
@@ -302,7 +305,18 @@ async def start_gateway(
     gw = Gateway(name, port, str(model_dir), proc, mock, log)
     t0 = time.perf_counter()
     await wait_ready(gw)
-    gw.pids = sorted(set(group_pids(proc.pid)) | set(tree_pids(proc.pid)))
+    # The first answer can come before every frontend process has started: wait for all of
+    # them, or the CPU of the missing ones is never counted.
+    deadline = trio.current_time() + READY_TIMEOUT_S
+    while True:
+        gw.pids = sorted(set(group_pids(proc.pid)) | set(tree_pids(proc.pid)))
+        if len(gw.pids) >= launch.processes:
+            break
+        if trio.current_time() > deadline:
+            raise RuntimeError(f"{name}: {len(gw.pids)} of {launch.processes} processes")
+        await trio.sleep(0.1)
+    if launch.processes > 1:
+        await trio.sleep(1.0)  # the last frontend to start finishes its own startup
     print(f"  {name} ready in {time.perf_counter() - t0:.1f} s (pids {gw.pids})", flush=True)
     return gw
 
