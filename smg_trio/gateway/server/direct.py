@@ -149,6 +149,16 @@ class DirectWriter:
         locked, shielded socket write, which waits for room and handles a broken connection."""
         raise NotImplementedError
 
+    def _write_now(
+        self, lock: trio.Lock, socket: trio.socket.SocketType, data: bytes
+    ) -> bytes | None:
+        """:func:`write_now` for :meth:`try_write`; a peer found gone sets :attr:`broken`."""
+        done = write_now(lock, socket, data)
+        if done is False:
+            self.broken = True
+            return None
+        return done
+
 
 class DirectSocket(DirectWriter):
     """The socket under one hypercorn HTTP/1.1 response, for chunk writes that skip ASGI.
@@ -206,11 +216,7 @@ class DirectSocket(DirectWriter):
         if self._stream.closed:  # hypercorn saw the connection close (read side)
             self.broken = True
             return None
-        done = write_now(self._tcp.send_lock, self._socket.socket, data)
-        if done is False:
-            self.broken = True
-            return None
-        return done
+        return self._write_now(self._tcp.send_lock, self._socket.socket, data)
 
     async def send_whole(
         self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes

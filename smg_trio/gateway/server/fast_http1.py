@@ -30,16 +30,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 from urllib.parse import unquote
 
+import attrs
 import trio
 from hypercorn.config import Config
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.utils import build_and_validate_headers, parse_socket_addr
 
 from smg_trio.gateway.server.asgi_shield import ASGIApp, Message, Scope
-from smg_trio.gateway.server.direct import GONE, DirectWriter, frame_chunk, write_now
+from smg_trio.gateway.server.direct import GONE, DirectWriter, frame_chunk
 from smg_trio.gateway.server.fixes import Fix, missing_attrs
 from smg_trio.gateway.server.hypercorn_close import CLOSE_LOCK_WAIT_S, Connections
-from smg_trio.gateway.server.hypercorn_errors import protocol_error_body
+from smg_trio.gateway.server.hypercorn_errors import protocol_error
 
 __all__ = ["FIX", "FastHttp1", "Head", "ReplayStream", "parse_head"]
 
@@ -62,27 +63,18 @@ _DISCONNECT: Final = {"type": "http.disconnect"}
 _NO_BODY_STATUS: Final = frozenset({204, 304})
 
 
+@attrs.define(slots=True)
 class Head:
     """A plain request's head: what the ASGI scope and the body framing need."""
 
-    __slots__ = ("close", "headers", "length", "method", "target")
-
-    def __init__(
-        self,
-        method: bytes,
-        target: bytes,
-        headers: list[tuple[bytes, bytes]],
-        length: int,
-        close: bool,
-    ) -> None:
-        self.method = method
-        self.target = target
-        #: ``(lower-case name, value)`` in order, as h11 gives them to hypercorn.
-        self.headers = headers
-        #: The body's ``Content-Length`` (0 without one).
-        self.length = length
-        #: The client sent ``Connection: close``.
-        self.close = close
+    method: bytes
+    target: bytes
+    #: ``(lower-case name, value)`` in order, as h11 gives them to hypercorn.
+    headers: list[tuple[bytes, bytes]]
+    #: The body's ``Content-Length`` (0 without one).
+    length: int
+    #: The client sent ``Connection: close``.
+    close: bool
 
 
 def parse_head(data: bytes) -> Head | None:
@@ -152,9 +144,6 @@ class ReplayStream:
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self._stream.send_all(data)
 
-    async def wait_send_all_might_not_block(self) -> None:
-        await self._stream.wait_send_all_might_not_block()
-
     async def send_eof(self) -> None:
         await self._stream.send_eof()
 
@@ -188,7 +177,8 @@ class FastHttp1:
         self.hand_over = hand_over
         #: A head longer than this is hypercorn's to refuse (h11's incomplete-event limit).
         self.max_head: int = config.h11_max_incomplete_size
-        self._idle: set[trio.CancelScope] = set()
+        #: The cancel scopes of connections waiting for a request (closed when stopping).
+        self.idle: set[trio.CancelScope] = set()
         self._access = config.log.access_logger is not None
         self._date_at = -1
         self._headers: list[tuple[bytes, bytes]] = []
@@ -208,7 +198,7 @@ class FastHttp1:
     def close_idle(self) -> None:
         """The server is stopping: connections waiting for a request close now (those in a
         request close once it is answered)."""
-        for scope in list(self._idle):
+        for scope in list(self.idle):
             scope.cancel()
 
     async def serve(self, stream: trio.SocketStream) -> None:
@@ -272,7 +262,7 @@ class _Connection:
             return found
         server = self.server
         with trio.move_on_after(server.config.keep_alive_timeout) as idle:
-            server._idle.add(idle)
+            server.idle.add(idle)
             try:
                 while found is None:
                     if len(self.buf) > server.max_head or self.eof:
@@ -287,7 +277,7 @@ class _Connection:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return None
             finally:
-                server._idle.discard(idle)
+                server.idle.discard(idle)
         return None
 
     def _find_head(self) -> Head | object | None:
@@ -614,13 +604,15 @@ class FastExchange(DirectWriter):
     async def send_error(self, status: int) -> None:
         """The app ended without a response: answer ``status`` in the OpenAI envelope, as
         hypercorn does, and close."""
-        body = protocol_error_body(status)
+        headers, body = protocol_error(status)
+        await self._answer(status, headers, body)
+
+    async def _answer(
+        self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        """Send a whole response (head and body), shielded like a final ASGI message."""
         self.status = status
-        self.headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]
+        self.headers = list(headers)
         with trio.CancelScope(shield=True):
             await self._body(body, False)
 
@@ -640,21 +632,14 @@ class FastExchange(DirectWriter):
             return None
         if self.finished:
             return None
-        done = write_now(conn.send_lock, conn.stream.socket, data)
-        if done is False:
-            self.broken = True
-            return None
-        return done
+        return self._write_now(conn.send_lock, conn.stream.socket, data)
 
     async def send_whole(
         self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
     ) -> bool:
         if self.status is not None or not 200 <= status < 600 or status in _NO_BODY_STATUS:
             return False
-        self.status = status
-        self.headers = list(headers)
-        with trio.CancelScope(shield=True):
-            await self._body(body, False)
+        await self._answer(status, headers, body)
         return True
 
     async def send_raw(self, data: bytes) -> None:

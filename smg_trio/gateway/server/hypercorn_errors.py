@@ -29,7 +29,13 @@ from hypercorn.typing import ConnectionState
 from smg_trio.gateway.openai.errors import ApiError
 from smg_trio.gateway.server.fixes import Fix, missing_attrs
 
-__all__ = ["FIX", "EnvelopeH11Protocol", "EnvelopeProtocolWrapper", "protocol_error_body"]
+__all__ = [
+    "FIX",
+    "EnvelopeH11Protocol",
+    "EnvelopeProtocolWrapper",
+    "protocol_error",
+    "protocol_error_body",
+]
 
 
 def protocol_error_body(status: int) -> bytes:
@@ -41,6 +47,17 @@ def protocol_error_body(status: int) -> bytes:
     return ApiError(
         status, f"{phrase}: the request is not valid HTTP/1.1", code="invalid_http_request"
     ).body()
+
+
+def protocol_error(status: int) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The headers and body of a protocol error's answer (the connection then closes)."""
+    body = protocol_error_body(status)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    return headers, body
 
 
 #: The attribute of hypercorn's ``Config`` that says whether cleartext HTTP/2 is served
@@ -72,12 +89,7 @@ class EnvelopeH11Protocol(H11Protocol):
     async def _send_error_response(self, status_code: int) -> None:
         if status_code == 501:  # h11's hint for a transfer coding it does not know: bad input
             status_code = 400
-        body = protocol_error_body(status_code)
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]
+        headers, body = protocol_error(status_code)
         await self._send_h11_event(
             h11.Response(
                 status_code=status_code,

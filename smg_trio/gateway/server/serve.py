@@ -229,24 +229,20 @@ async def _worker_serve(
                             raw_app, config, context, lifespan_state, connections, hand_over
                         )
                         plain_handler = fast.serve
-                    if listeners:
-                        nursery.start_soon(
-                            partial(
-                                trio.serve_listeners,
-                                handler,
-                                listeners,
-                                handler_nursery=server_nursery,
+                    groups: list[tuple[Any, list[Any]]] = [
+                        (handler, listeners),
+                        (plain_handler, plain),
+                    ]
+                    for serve_one, group in groups:
+                        if group:
+                            nursery.start_soon(
+                                partial(
+                                    trio.serve_listeners,
+                                    serve_one,
+                                    group,
+                                    handler_nursery=server_nursery,
+                                )
                             )
-                        )
-                    if plain:
-                        nursery.start_soon(
-                            partial(
-                                trio.serve_listeners,
-                                plain_handler,
-                                plain,
-                                handler_nursery=server_nursery,
-                            )
-                        )
                     await trio.sleep_forever()
             except BaseExceptionGroup as error:
                 _, other_errors = error.split((ShutdownError, KeyboardInterrupt))
