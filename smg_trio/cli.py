@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import gc
 import importlib.util
 import json
 import logging
@@ -775,6 +774,7 @@ FORCED_EXIT_AFTER_S = 15.0
 
 async def _run_gateway(config: Any) -> None:
     from smg_trio.serve import ServeHandle, serve
+    from smg_trio.serve.heap import settle_heap
 
     handle: ServeHandle | None = None
     force_stop = trio.Event()
@@ -821,12 +821,11 @@ async def _run_gateway(config: Any) -> None:
 
                 watcher.start_soon(on_signal)
                 handle = await nursery.start(partial(serve, config, force_stop=force_stop))
-                # Everything built at startup (tokenizers, templates, the app, the libraries)
-                # lives as long as the process: moved out of the collector's view, a full
+                # Everything built at startup lives as long as the process: frozen, a full
                 # collection scans only what requests create. Measured under the abort storm
                 # (bench/abort_storm.py): unfrozen, full collections of 25-110 ms stalled the
                 # event loop and with it every ABORT of their round.
-                gc.freeze()
+                settle_heap()
                 print(f"smg_trio ready on {handle.base_url} (models: "
                       f"{', '.join(m.model_id for m in handle.manager.list_models())})", flush=True)  # fmt: skip
             watcher.cancel_scope.cancel()  # serve has stopped

@@ -28,6 +28,7 @@ from smg_trio.serve.control import (
     ControlClient,
     admin_proxy_blueprint,
 )
+from smg_trio.serve.heap import settle_heap
 from smg_trio.serve.metrics_merge import merge_expositions
 from smg_trio.worker.attached import FrontendManager
 from smg_trio.worker.confine import WorkerConfinement
@@ -195,6 +196,7 @@ async def run_frontend(
             await nursery.start(
                 partial(serve_http, local, bind=f"unix:{frontend_socket(run_dir, index)}")
             )
+            settle_heap()  # this process serves and nothing else
             sys.stdout.write(f"{FRONTEND_READY} {index} pid {os.getpid()}\n")
             sys.stdout.flush()
             async for _ in signals:
