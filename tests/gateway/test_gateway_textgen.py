@@ -1,5 +1,6 @@
 """``ChoicePipeline``: text that arrives in the same batch as an engine failure still goes out,
-before the error (the gateway may drain several engine outputs at once)."""
+before the error (the gateway may drain several engine outputs at once); a whole (non-streamed)
+choice, decoded once at its finish, has the text of the same ids streamed."""
 
 from __future__ import annotations
 
@@ -37,3 +38,63 @@ def test_a_failure_alone_raises_at_once(tok: Any) -> None:
     with pytest.raises(EngineRequestFailed):
         pipeline.feed([EngineOutput("r", [], "error")])
     assert pipeline.failure is None
+
+
+TEXTS = [
+    "hello world, plain ASCII",
+    "héllo wörld — ünïcode ✓ and 中文字符 with emoji 🚀🎉 in the middle",
+    "\U0001f468\u200d\U0001f469\u200d\U0001f467 family, then text",
+]
+
+
+def _run(pipeline: ChoicePipeline, ids: list[int], step: int, finish: str) -> tuple[str, str]:
+    text = ""
+    finish_reason = ""
+    for k in range(0, len(ids), step):
+        last = k + step >= len(ids)
+        out = EngineOutput("r", ids[k : k + step], finish if last else None)  # type: ignore[arg-type]
+        delta = pipeline.feed([out])
+        if delta is not None:
+            text += delta.text
+            finish_reason = delta.finish_reason or finish_reason
+    return text, finish_reason
+
+
+@pytest.fixture(scope="module")
+def deepseek_tok(deepseek_model_dir: Any) -> Any:
+    from smg_trio.tokenizer.core import Tokenizer
+
+    return Tokenizer.from_dir(deepseek_model_dir)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("step", [1, 2, 5])
+@pytest.mark.parametrize("prompt", ["", "a prompt that ends in ü", "emoji 🚀"])
+def test_a_whole_choice_decoded_at_the_finish_gives_the_streamed_text(
+    deepseek_tok: Any, text: str, step: int, prompt: str
+) -> None:
+    """``whole=True`` (a non-streamed choice) decodes its ids once at the finish; the text and
+    finish reason are those of the same ids pushed token by token, with the production
+    vocabulary, a prompt whose last character may be split, and a length cut."""
+    tok = deepseek_tok
+    ids = tok.encode(text)
+    prompt_ids = tok.encode(prompt)
+    for limit in (100, max(1, len(ids) - 3)):
+        params = ChoiceParams(limit=limit)
+        streamed = _run(ChoicePipeline(0, tok, params, prompt_ids), ids, step, "stop")
+        whole_pipeline = ChoicePipeline(0, tok, params, prompt_ids, whole=True)
+        whole = _run(whole_pipeline, ids, step, "stop")
+        assert whole == streamed
+        assert whole_pipeline.completion_tokens == min(limit, len(ids))
+        assert whole[0]  # some text came out
+
+
+def test_a_whole_choice_with_a_stop_string_still_stops_at_it(tok: Any) -> None:
+    """A stop string is matched as the text arrives, whole or not."""
+    ids = tok.encode("one two three four five")
+    params = ChoiceParams(limit=100, stops=(" three",))
+    pipeline = ChoicePipeline(0, tok, params, whole=True)
+    text, finish = _run(pipeline, ids, 1, "length")
+    assert text == "one two"
+    assert finish == "stop"
+    assert pipeline.gateway_stopped

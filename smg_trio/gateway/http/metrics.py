@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -284,6 +284,19 @@ class _AdmissionCollector(Collector):
         )
 
 
+class _EndpointSeries:
+    """One endpoint's children of the per-request series of :class:`GatewayMetrics`."""
+
+    __slots__ = ("completion_tokens", "e2e", "prompt_tokens", "tpot", "ttft")
+
+    def __init__(self, metrics: GatewayMetrics, endpoint: str) -> None:
+        self.e2e = metrics.e2e.labels(endpoint)
+        self.ttft = metrics.ttft.labels(endpoint)
+        self.tpot = metrics.tpot.labels(endpoint)
+        self.prompt_tokens = metrics.prompt_tokens.labels(endpoint)
+        self.completion_tokens = metrics.completion_tokens.labels(endpoint)
+
+
 class GatewayMetrics:
     """The app's metrics. ``endpoint`` labels are ``chat`` and ``completions``.
 
@@ -336,6 +349,10 @@ class GatewayMetrics:
             "smg_router_completion_tokens", "Completion tokens", ["endpoint"], registry=r
         )
         self.in_flight = Gauge("smg_router_requests_in_flight", "Requests in flight", registry=r)
+        # The labelled children of each request's observation, looked up once per label set
+        # (``labels()`` builds its key and takes a lock on every call).
+        self._finished: dict[tuple[str, int], Any] = {}
+        self._series: dict[str, _EndpointSeries] = {}
         self._workers = _WorkerCollector()
         r.register(self._workers)
         self._admission: _AdmissionCollector | None = None
@@ -377,18 +394,25 @@ class GatewayMetrics:
         error_code: str | None = None,
     ) -> None:
         """Record one finished request."""
-        self.requests.labels(endpoint, str(status)).inc()
+        key = (endpoint, status)
+        finished = self._finished.get(key)
+        if finished is None:
+            finished = self._finished[key] = self.requests.labels(endpoint, str(status))
+        finished.inc()
         if error_code is not None:
             self.errors.labels(endpoint, error_code).inc()
-        self.e2e.labels(endpoint).observe(e2e_s)
+        series = self._series.get(endpoint)
+        if series is None:
+            series = self._series[endpoint] = _EndpointSeries(self, endpoint)
+        series.e2e.observe(e2e_s)
         if ttft_s is not None:
-            self.ttft.labels(endpoint).observe(ttft_s)
+            series.ttft.observe(ttft_s)
             if completion_tokens > 1:
-                self.tpot.labels(endpoint).observe((e2e_s - ttft_s) / (completion_tokens - 1))
+                series.tpot.observe((e2e_s - ttft_s) / (completion_tokens - 1))
         if prompt_tokens:
-            self.prompt_tokens.labels(endpoint).inc(prompt_tokens)
+            series.prompt_tokens.inc(prompt_tokens)
         if completion_tokens:
-            self.completion_tokens.labels(endpoint).inc(completion_tokens)
+            series.completion_tokens.inc(completion_tokens)
 
     def render(self) -> tuple[bytes, str]:
         """``(body, content type)`` of the text exposition format."""

@@ -236,7 +236,7 @@ class ChatDraft:
         opts = body.stream_options
         return ChatJob(
             subs=[
-                SubRequest(r, ChoicePipeline(i, tok, params, prompt_ids))
+                SubRequest(r, ChoicePipeline(i, tok, params, prompt_ids, whole=not body.stream))
                 for i, r in enumerate(requests)
             ],
             prompt_tokens=len(prompt_ids),

@@ -189,7 +189,9 @@ class CompletionDraft:
                 max_tokens=engine_max,
             )
             subs += [
-                SubRequest(r, ChoicePipeline(p * n + i, tok, params, prompt_ids))
+                SubRequest(
+                    r, ChoicePipeline(p * n + i, tok, params, prompt_ids, whole=not body.stream)
+                )
                 for i, r in enumerate(reqs)
             ]
         check_token_budget(self.config, served, budget, total, "max_tokens")

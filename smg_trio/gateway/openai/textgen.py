@@ -133,6 +133,7 @@ class ChoicePipeline:
         "_lp",
         "_matcher",
         "_params",
+        "_pending",
         "_reasoning",
         "_tools",
         "completion_tokens",
@@ -151,6 +152,8 @@ class ChoicePipeline:
         tokenizer: Tokenizer,
         params: ChoiceParams,
         prompt_ids: Sequence[int] = (),
+        *,
+        whole: bool = False,
     ) -> None:
         self.index = index
         self._params = params
@@ -170,6 +173,14 @@ class ChoicePipeline:
         )
         self._tools: ToolParser | None = (
             None if params.tool_parser is None else params.tool_parser()
+        )
+        # A choice answered whole (not streamed) whose text nothing reads before the end (no
+        # stop string, reasoning or tool parser): its ids are decoded once, at the finish.
+        # The detokenizer's text does not depend on how the ids are split into pushes.
+        self._pending: list[int] | None = (
+            []
+            if whole and self._matcher is None and self._reasoning is None and self._tools is None
+            else None
         )
         #: Tool calls started so far (their first delta was emitted).
         self.tool_calls_made = 0
@@ -240,7 +251,9 @@ class ChoicePipeline:
         detok = self._detok
         reasoning = self._reasoning
         consumed = len(toks)
-        if matcher is None:
+        if self._pending is not None:
+            self._pending.extend(visible)
+        elif matcher is None:
             text = detok.push(visible)
             if reasoning is not None and text:
                 thought, text = reasoning.push(text)
@@ -273,6 +286,9 @@ class ChoicePipeline:
 
     def _emit(self, parts: list[str], thoughts: list[str]) -> TextDelta | None:
         if self.finish_reason is not None and not self.gateway_stopped:
+            if self._pending:
+                parts.append(self._detok.push(self._pending))
+                self._pending.clear()
             tail = self._detok.flush()
             if self._reasoning is not None:
                 thought, tail = self._reasoning.push(tail) if tail else ("", "")
