@@ -98,3 +98,21 @@ def test_a_whole_choice_with_a_stop_string_still_stops_at_it(tok: Any) -> None:
     assert text == "one two"
     assert finish == "stop"
     assert pipeline.gateway_stopped
+
+
+def test_a_long_whole_choice_is_decoded_in_bounded_runs(
+    deepseek_tok: Any, monkeypatch: Any
+) -> None:
+    """Past ``WHOLE_DECODE_IDS`` pending ids a whole choice decodes what it holds (no single
+    long decode on the event loop); the text is still the streamed one."""
+    from smg_trio.gateway.openai import textgen
+
+    monkeypatch.setattr(textgen, "WHOLE_DECODE_IDS", 4)
+    ids = deepseek_tok.encode(TEXTS[1] * 3)
+    pipeline = ChoicePipeline(0, deepseek_tok, ChoiceParams(limit=1000), whole=True)
+    early = pipeline.feed([EngineOutput("r", ids[:10])])  # type: ignore[arg-type]
+    assert early is not None
+    assert early.text  # decoded before the finish
+    rest = _run(pipeline, ids[10:], 3, "stop")
+    streamed = _run(ChoicePipeline(0, deepseek_tok, ChoiceParams(limit=1000)), ids, 1, "stop")
+    assert (early.text + rest[0], rest[1]) == streamed

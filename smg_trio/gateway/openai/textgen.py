@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 import attrs
 
@@ -52,6 +52,11 @@ class ChoiceParams:
     logprobs: bool = False
     tool_parser: Callable[[], ToolParser] | None = None
     max_tool_calls: int | None = None
+
+
+#: A whole choice's ids are decoded in runs of at most this many (a 30k-token answer is not
+#: decoded in one call on the event loop).
+WHOLE_DECODE_IDS: Final = 512
 
 
 def new_call_id() -> str:
@@ -251,8 +256,12 @@ class ChoicePipeline:
         detok = self._detok
         reasoning = self._reasoning
         consumed = len(toks)
-        if self._pending is not None:
-            self._pending.extend(visible)
+        pending = self._pending
+        if pending is not None:
+            pending.extend(visible)
+            if len(pending) >= WHOLE_DECODE_IDS:  # bounded: no long decode on the loop
+                parts.append(detok.push(pending))
+                pending.clear()
         elif matcher is None:
             text = detok.push(visible)
             if reasoning is not None and text:
