@@ -397,3 +397,54 @@ async def test_a_fault_in_one_connection_does_not_take_the_server_down(
             assert data == b""  # that connection closed, unanswered
             assert (await h.http.get("/health")).status_code == 200
     assert "fast path: connection failed" in caplog.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_client_gone_mid_answer_aborts_without_a_watcher_task(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """On the fast path the connection's reader sees the client go (no task per request to
+    watch ``receive``, as under hypercorn): the engine gets ABORT, nothing stays in flight, and
+    the next connection is served. After an answered request the reader keeps serving the
+    connection's next request."""
+    from smg_trio.gateway.http.fastroute import AsgiRequest
+
+    watchers = 0
+    real = AsgiRequest._watch_disconnect
+
+    async def counted(request: AsgiRequest) -> None:
+        nonlocal watchers
+        watchers += 1
+        await real(request)
+
+    monkeypatch.setattr(AsgiRequest, "_watch_disconnect", counted)
+    steps = steps_of(tok, "a ") + [tok.encode("z")] * 5000
+    body = json.dumps(
+        {
+            "model": "M",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4000,
+            "stream": stream,
+        }
+    )
+    for fast in (True, False):
+        with trio.fail_after(DEADLINE_S):
+            async with harness(plan=lambda r: steps, step_s=0.002, fast_http1=fast) as h:
+                # a whole answer first, on the same connection: the reader then serves the rest
+                async with await trio.open_tcp_stream(*hostport(h.base_url)) as conn:
+                    await conn.send_all(_post(CHAT))
+                    data = b""
+                    while data.count(b"chat.completion") < 1 or not data.endswith(b"}"):
+                        data += await conn.receive_some(65536)
+                    await conn.send_all(_post(body))
+                    while not h.engine.requests[1:]:
+                        await h.engine.request_event.wait()
+                    if stream:  # the first chunk is out: the client goes mid-stream
+                        while b"data: " not in data.partition(b"text/event-stream")[2]:
+                            data += await conn.receive_some(65536)
+                rid = h.engine.requests[1].request_id
+                await h.wait_aborted([rid])
+                assert h.client.inflight_count == 0  # retired before its ABORT went out
+                assert (await h.chat(max_tokens=2)).status_code == 200
+        assert watchers == (0 if fast else 3), fast  # hypercorn: one per request
+        watchers = 0

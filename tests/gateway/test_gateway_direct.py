@@ -25,7 +25,8 @@ class WriteSpy:
         self.partial = 0
         self.refused = 0
         self.fell_back = trio.Event()
-        self.attached = 0
+        self.attached = 0  # distinct writers looked up (a request looks its own up twice)
+        self._seen: list[object] = []  # their sockets
         self.last = b""  # the last chunk written whole
         real_of = DirectWriter.of
 
@@ -49,7 +50,8 @@ class WriteSpy:
 
         def of(server_send: object) -> DirectWriter | None:
             ds = real_of(server_send)
-            if ds is not None:
+            if ds is not None and all(ds.socket is not seen for seen in self._seen):
+                self._seen.append(ds.socket)
                 self.attached += 1
                 if sndbuf is not None:
                     ds.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)

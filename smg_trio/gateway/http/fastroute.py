@@ -48,8 +48,9 @@ class AsgiRequest:
     ``mimetype`` and the body (``await get_data()``), as on a Quart request.
 
     The body is received by the task that asks for it (no hand-off between tasks); after that
-    a watcher task in ``nursery`` owns ``receive`` and cancels ``on_disconnect`` when the
-    client goes away. ``get_data`` raises ``RequestEntityTooLarge`` (413) past ``max_body``
+    the request is cancelled when the client goes away: the server tells it where it can
+    (:meth:`~smg_trio.gateway.server.direct.DirectWriter.watch_disconnect`, the fast path),
+    else a watcher task in ``nursery`` owns ``receive``. ``get_data`` raises ``RequestEntityTooLarge`` (413) past ``max_body``
     bytes (checked against ``Content-Length`` first) and ``RequestTimeout`` (408) when the
     body takes longer than ``body_timeout_s`` seconds, like quart-trio.
     """
@@ -60,6 +61,7 @@ class AsgiRequest:
         "_max_body",
         "_nursery",
         "_receive",
+        "_server_send",
         "_timeout",
         "_too_large",
         "content_type",
@@ -87,6 +89,7 @@ class AsgiRequest:
         self.content_type: str | None = headers.get("content-type")
         self.mimetype = (self.content_type or "").partition(";")[0].strip().lower()
         self._receive = receive
+        self._server_send = (scope.get("extensions") or {}).get(SERVER_SEND_KEY)
         self._nursery = nursery
         self._body: bytes | None = None
         self._max_body = max_body
@@ -106,7 +109,9 @@ class AsgiRequest:
                 self._body = await self._read_body()
             if scope.cancelled_caught:
                 raise RequestTimeout()
-            self._nursery.start_soon(self._watch_disconnect)
+            direct = DirectWriter.of(self._server_send)
+            if direct is None or not direct.watch_disconnect(self._gone):
+                self._nursery.start_soon(self._watch_disconnect)
         if self._too_large:
             raise RequestEntityTooLarge()  # answered at once; hypercorn closes the connection
         assert self._body is not None
@@ -133,6 +138,11 @@ class AsgiRequest:
         (hypercorn also sends ``http.disconnect`` once the response is complete)."""
         while (await self._receive())["type"] != "http.disconnect":
             pass
+        self._gone()
+
+    def _gone(self) -> None:
+        """The client went away (or, under hypercorn, the response is complete): ABORT and
+        cancel the request."""
         if self._aborts is not None:
             # ABORT the engine requests first: the cancellation unwinds afterwards, which under
             # a disconnect storm (many handlers at once) takes tens of milliseconds.

@@ -29,7 +29,7 @@ import functools
 import importlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Final, Literal
 
@@ -119,6 +119,13 @@ class DirectWriter:
     def socket(self) -> trio.socket.SocketType:
         """The connection's socket."""
         raise NotImplementedError
+
+    def watch_disconnect(self, on_gone: Callable[[], None]) -> bool:
+        """Have ``on_gone()`` called once, synchronously, if the client goes away before this
+        response is complete (called at once if it already has). ``False`` when the server
+        has no way to: the caller then owns ``receive`` in a task of its own, as ASGI has it
+        (the fast path's connection reader does it without a task per request)."""
+        return False
 
     def chunked(self) -> bool:
         """True once the response head is out and its body uses chunked framing: only then

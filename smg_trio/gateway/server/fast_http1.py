@@ -202,7 +202,14 @@ class FastHttp1:
             scope.cancel()
 
     async def serve(self, stream: trio.SocketStream) -> None:
-        conn = _Connection(self, stream)
+        async with trio.open_nursery() as nursery:
+            try:
+                await self._serve(_Connection(self, stream, nursery))
+            finally:
+                nursery.cancel_scope.cancel()  # the connection's reader, if it started one
+
+    async def _serve(self, conn: _Connection) -> None:
+        stream = conn.stream
         self.connections.add(conn)
         handed_over = False
         try:
@@ -217,6 +224,7 @@ class FastHttp1:
                 if head is _HAND_OVER:
                     handed_over = True
                     self.connections.discard(conn)
+                    conn.stop_reading()  # hypercorn reads the socket from here on
                     await self.hand_over(ReplayStream(stream, bytes(conn.buf)))
                     return
                 assert isinstance(head, Head)
@@ -240,11 +248,32 @@ _HAND_OVER: Final = object()
 class _Connection:
     """One plain-TCP connection on the fast path; the ``Served`` of the stuck-write sweeps."""
 
-    __slots__ = ("buf", "closing", "eof", "send_lock", "server", "stream", "write_since")
+    __slots__ = (
+        "_moved",
+        "_nursery",
+        "_reader",
+        "_room",
+        "buf",
+        "closing",
+        "eof",
+        "on_gone",
+        "send_lock",
+        "server",
+        "stream",
+        "write_since",
+    )
 
-    def __init__(self, server: FastHttp1, stream: trio.SocketStream) -> None:
+    def __init__(self, server: FastHttp1, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
         self.server = server
         self.stream = stream
+        self._nursery = nursery
+        #: The reader task's scope once one runs (:meth:`watch`): from then on it alone reads
+        #: the socket, and the connection's task waits on ``_moved`` for what it read.
+        self._reader: trio.CancelScope | None = None
+        self._moved = trio.lowlevel.ParkingLot()  # the reader added bytes, or saw the end
+        self._room = trio.lowlevel.ParkingLot()  # bytes were consumed: read ahead again
+        #: The request in progress asked to hear of the client going away (:meth:`watch`).
+        self.on_gone: Callable[[], None] | None = None
         self.send_lock = trio.Lock()
         self.closing = False
         self.write_since: float | None = None
@@ -267,11 +296,7 @@ class _Connection:
                 while found is None:
                     if len(self.buf) > server.max_head or self.eof:
                         return _HAND_OVER if self.buf else None
-                    data = await self.recv()
-                    if not data:
-                        self.eof = True
-                        continue
-                    self.buf += data
+                    await self.fill()
                     found = self._find_head()
                 return found
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -294,6 +319,7 @@ class _Connection:
         if head is None:
             return _HAND_OVER
         del buf[: end + 3]
+        self.consumed()
         return head
 
     async def exchange(self, head: Head, served: int, client: Any, server_addr: Any) -> bool:
@@ -327,6 +353,8 @@ class _Connection:
             await server.app(scope, ex.receive, ex.send)
         except Exception:
             await config.log.exception("Error in ASGI Framework")
+        finally:
+            self.on_gone = None
         if not ex.head_sent and not ex.broken:  # the app ended without answering
             # a client that closed its side mid-body sent an incomplete request (h11: 400)
             await ex.send_error(400 if self.eof and not ex.body_read else 500)
@@ -334,6 +362,69 @@ class _Connection:
             response = {"status": ex.status or 500, "headers": ex.headers}
             await config.log.access(scope, response, time.time() - start)  # type: ignore[arg-type]
         return ex.reusable()
+
+    async def fill(self) -> None:
+        """Wait for more bytes in ``buf``, or for ``eof``: read them here, or, once a reader
+        task runs, wait for it to read them."""
+        if self._reader is not None:
+            if not self.eof:
+                await self._moved.park()
+            return
+        try:
+            data = await self.recv()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if data:
+            self.buf += data
+        else:
+            self.eof = True
+
+    def consumed(self) -> None:
+        """Bytes were taken off ``buf``: a reader held back by a full buffer reads again."""
+        if self._reader is not None:
+            self._room.unpark_all()
+
+    def watch(self, on_gone: Callable[[], None]) -> None:
+        """Call ``on_gone()`` when the client goes away during the request in progress: the
+        connection's reader task (started on the first call, then kept for the connection's
+        life: no task per request) reads ahead and sees the end."""
+        self.on_gone = on_gone
+        if self._reader is None:
+            self._reader = trio.CancelScope()
+            self._nursery.start_soon(self._read_ahead, self._reader)
+
+    def stop_reading(self) -> None:
+        """Stop the reader now (the connection is handed over: its new owner reads)."""
+        if self._reader is not None:
+            self._reader.cancel()
+
+    async def _read_ahead(self, scope: trio.CancelScope) -> None:
+        with scope:
+            buf = self.buf
+            while not self.eof:
+                if len(buf) > self.server.max_head:
+                    await self._room.park()  # enough read ahead: wait for it to be used
+                    continue
+                try:
+                    await trio.lowlevel.wait_readable(self.stream.socket)
+                    if scope.cancel_called:  # stopped while runnable: read nothing more
+                        return
+                    data = await self.recv()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data = b""
+                if data:
+                    buf += data
+                else:
+                    self.eof = True
+                    self.gone()
+                self._moved.unpark_all()
+
+    def gone(self) -> None:
+        """The client is gone: tell the request in progress, if it asked (:meth:`watch`)."""
+        self.eof = True
+        on_gone, self.on_gone = self.on_gone, None
+        if on_gone is not None:
+            on_gone()
 
     async def recv(self) -> bytes:
         """The next bytes from the socket (``b""`` at the client's EOF): one ``read(2)`` when
@@ -453,11 +544,22 @@ class FastExchange(DirectWriter):
         )
 
     def gone(self) -> None:
-        """The client is gone (a write failed): the app learns it from ``receive``."""
+        """The client is gone (a write failed): the app learns it from ``receive``, or from
+        the callback it gave :meth:`watch_disconnect`."""
         self.broken = True
-        self._conn.eof = True
         if self._wake is not None:
             self._wake.cancel()
+        self._conn.gone()
+
+    def watch_disconnect(self, on_gone: Callable[[], None]) -> bool:
+        conn = self._conn
+        if self.finished:
+            return True  # answered already: nothing left to cancel
+        if self.broken or conn.eof:
+            on_gone()
+            return True
+        conn.watch(on_gone)
+        return True
 
     # -- ASGI ---------------------------------------------------------------------------
 
@@ -468,20 +570,14 @@ class FastExchange(DirectWriter):
                 self.body_read = True
                 return {"type": "http.request", "body": b"", "more_body": False}
             buf = conn.buf
-            if not buf:
+            while not buf:
                 if conn.eof:
                     return dict(_DISCONNECT)
-                try:
-                    data = await conn.recv()
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    data = b""
-                if not data:
-                    conn.eof = True
-                    return dict(_DISCONNECT)
-                buf += data
+                await conn.fill()
             take = min(len(buf), self._body_left)
             body = bytes(buf[:take])
             del buf[:take]
+            conn.consumed()
             self._body_left -= take
             more = self._body_left > 0
             self.body_read = not more
@@ -493,16 +589,10 @@ class FastExchange(DirectWriter):
         with trio.CancelScope() as wake:
             self._wake = wake
             try:
-                while True:
+                while not conn.eof:
                     if len(conn.buf) > conn.server.max_head:
                         await trio.sleep_forever()  # enough read ahead; wait for the end
-                    data = await conn.recv()
-                    if not data:
-                        conn.eof = True
-                        break
-                    conn.buf += data
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                conn.eof = True
+                    await conn.fill()
             finally:
                 self._wake = None
         return dict(_DISCONNECT)
@@ -536,6 +626,7 @@ class FastExchange(DirectWriter):
             if self._chunked:
                 data += b"0\r\n\r\n"
             self.finished = True
+            self._conn.on_gone = None  # complete: a later end is not this request's
             if self._wake is not None:
                 self._wake.cancel()
         if data:
