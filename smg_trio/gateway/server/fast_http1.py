@@ -409,9 +409,11 @@ class _Connection:
                     await trio.lowlevel.wait_readable(self.stream.socket)
                     if scope.cancel_called:  # stopped while runnable: read nothing more
                         return
-                    data = await self.recv()
+                    data = self.read_ready()  # no wait in between: a stop reads nothing
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
+                if data is None:
+                    continue
                 if data:
                     buf += data
                 else:
@@ -433,16 +435,23 @@ class _Connection:
         socket is closed, ``BrokenResourceError`` when the peer reset it)."""
         sock = self.stream.socket
         while True:
-            fd = sock.fileno()  # re-read: -1 once closed (a cached fd may be reused)
-            if fd < 0:
-                raise trio.ClosedResourceError
-            try:
-                return os.read(fd, MAX_RECV)
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                raise trio.BrokenResourceError from exc
+            data = self.read_ready()
+            if data is not None:
+                return data
             await trio.lowlevel.wait_readable(sock)
+
+    def read_ready(self) -> bytes | None:
+        """One ``read(2)``: the bytes waiting (``b""`` at EOF), or ``None`` when there are
+        none yet; never waits (raises as :meth:`recv`)."""
+        fd = self.stream.socket.fileno()  # re-read: -1 once closed (a cached fd may be reused)
+        if fd < 0:
+            raise trio.ClosedResourceError
+        try:
+            return os.read(fd, MAX_RECV)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise trio.BrokenResourceError from exc
 
     async def write(self, data: bytes, ex: FastExchange) -> None:
         """Write ``data`` under the send lock, shielded (a write must finish or fail whole);
