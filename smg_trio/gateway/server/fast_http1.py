@@ -732,7 +732,12 @@ class FastExchange(DirectWriter):
             return None
         if self.finished:
             return None
-        return self._write_now(conn.send_lock, conn.stream.socket, data)
+        tail = self._write_now(conn.send_lock, conn.stream.socket, data)
+        if self.broken:
+            # The write found the client gone: tell the request now. The reader may not see
+            # the end itself (it stops reading while a pipelined request fills the buffer).
+            conn.gone()
+        return tail
 
     async def send_whole(
         self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
