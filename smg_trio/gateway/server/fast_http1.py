@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 from urllib.parse import unquote
 
 import attrs
@@ -733,7 +733,7 @@ class FastExchange(DirectWriter):
         if self.finished:
             return None
         tail = self._write_now(conn.send_lock, conn.stream.socket, data)
-        if self.broken:
+        if cast(bool, self.broken):  # set by the write (mypy keeps the narrowing above)
             # The write found the client gone: tell the request now. The reader may not see
             # the end itself (it stops reading while a pipelined request fills the buffer).
             conn.gone()
