@@ -33,6 +33,18 @@ STREAM = json.dumps(
 )
 
 
+def _long_chat(max_tokens: int, *, stream: bool) -> str:
+    """A chat body asking for ``max_tokens`` (the engine's plan decides how many come)."""
+    return json.dumps(
+        {
+            "model": "M",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens,
+            "stream": stream,
+        }
+    )
+
+
 def _post(body: str, path: str = "/v1/chat/completions", extra: str = "") -> bytes:
     return (
         f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -421,14 +433,7 @@ async def test_a_client_gone_mid_answer_aborts_without_a_watcher_task(
 
     monkeypatch.setattr(AsgiRequest, "_watch_disconnect", counted)
     steps = steps_of(tok, "a ") + [tok.encode("z")] * 5000
-    body = json.dumps(
-        {
-            "model": "M",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 4000,
-            "stream": stream,
-        }
-    )
+    body = _long_chat(4000, stream=stream)
     for fast in (True, False):
         with trio.fail_after(DEADLINE_S):
             async with harness(plan=lambda r: steps, step_s=0.002, fast_http1=fast) as h:
@@ -463,14 +468,7 @@ async def test_a_reset_behind_a_full_read_ahead_still_ends_the_stream(
     import struct
 
     steps = steps_of(tok, "a ") + [tok.encode("z")] * 20000
-    body = json.dumps(
-        {
-            "model": "M",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 15000,
-            "stream": True,
-        }
-    )
+    body = _long_chat(15000, stream=True)
     big = json.dumps({"model": "M", "messages": [{"role": "user", "content": "q" * 40000}]})
     for fast in (True, False):
         with trio.fail_after(DEADLINE_S):

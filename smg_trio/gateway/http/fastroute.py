@@ -50,7 +50,8 @@ class AsgiRequest:
     The body is received by the task that asks for it (no hand-off between tasks); after that
     the request is cancelled when the client goes away: the server tells it where it can
     (:meth:`~smg_trio.gateway.server.direct.DirectWriter.watch_disconnect`, the fast path),
-    else a watcher task in ``nursery`` owns ``receive``. ``get_data`` raises ``RequestEntityTooLarge`` (413) past ``max_body``
+    else a watcher task in ``nursery`` owns ``receive``. ``get_data`` raises
+    ``RequestEntityTooLarge`` (413) past ``max_body``
     bytes (checked against ``Content-Length`` first) and ``RequestTimeout`` (408) when the
     body takes longer than ``body_timeout_s`` seconds, like quart-trio.
     """

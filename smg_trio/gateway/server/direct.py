@@ -159,12 +159,17 @@ class DirectWriter:
     def _write_now(
         self, lock: trio.Lock, socket: trio.socket.SocketType, data: bytes
     ) -> bytes | None:
-        """:func:`write_now` for :meth:`try_write`; a peer found gone sets :attr:`broken`."""
+        """:func:`write_now` for :meth:`try_write`; a peer found gone sets :attr:`broken`
+        and calls :meth:`_found_gone`."""
         done = write_now(lock, socket, data)
         if done is False:
             self.broken = True
+            self._found_gone()
             return None
         return done
+
+    def _found_gone(self) -> None:
+        """A direct write found the client gone (a server that can, tells the request)."""
 
 
 class DirectSocket(DirectWriter):

@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final
 from urllib.parse import unquote
 
 import attrs
@@ -374,10 +374,14 @@ class _Connection:
             data = await self.recv()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             data = b""
+        self._took(data)
+
+    def _took(self, data: bytes) -> None:
+        """Bytes read into ``buf``; ``b""`` is the end of the connection."""
         if data:
             self.buf += data
         else:
-            self.eof = True
+            self.gone()
 
     def consumed(self) -> None:
         """Bytes were taken off ``buf``: a reader held back by a full buffer reads again."""
@@ -400,9 +404,8 @@ class _Connection:
 
     async def _read_ahead(self, scope: trio.CancelScope) -> None:
         with scope:
-            buf = self.buf
             while not self.eof:
-                if len(buf) > self.server.max_head:
+                if len(self.buf) > self.server.max_head:
                     await self._room.park()  # enough read ahead: wait for it to be used
                     continue
                 try:
@@ -412,14 +415,9 @@ class _Connection:
                     data = self.read_ready()  # no wait in between: a stop reads nothing
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
-                if data is None:
-                    continue
-                if data:
-                    buf += data
-                else:
-                    self.eof = True
-                    self.gone()
-                self._moved.unpark_all()
+                if data is not None:
+                    self._took(data)
+                    self._moved.unpark_all()
 
     def gone(self) -> None:
         """The client is gone: tell the request in progress, if it asked (:meth:`watch`)."""
@@ -732,12 +730,12 @@ class FastExchange(DirectWriter):
             return None
         if self.finished:
             return None
-        tail = self._write_now(conn.send_lock, conn.stream.socket, data)
-        if cast(bool, self.broken):  # set by the write (mypy keeps the narrowing above)
-            # The write found the client gone: tell the request now. The reader may not see
-            # the end itself (it stops reading while a pipelined request fills the buffer).
-            conn.gone()
-        return tail
+        return self._write_now(conn.send_lock, conn.stream.socket, data)
+
+    def _found_gone(self) -> None:
+        # Tell the request now: the reader may not see the end itself (it stops reading
+        # while a pipelined request fills the buffer).
+        self._conn.gone()
 
     async def send_whole(
         self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
