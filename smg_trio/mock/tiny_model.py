@@ -221,12 +221,15 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def build_tiny_model(directory: Path, *, vocab_size: int = 1024, seed: int = 0) -> Path:
+def build_tiny_model(
+    directory: Path, *, vocab_size: int = 1024, seed: int = 0, max_positions: int = _MAX_POSITIONS
+) -> Path:
     """Write a tiny ``LlamaForCausalLM`` model into ``directory`` (created if missing).
 
     The tokenizer (byte-level BPE, ``vocab_size`` ids including 3 special and 2 plain added
-    tokens) depends only on ``vocab_size``; the random float32 weights depend on ``seed``.
-    Output is byte-identical for the same arguments. No network access. Returns
+    tokens) depends only on ``vocab_size``; the random float32 weights depend on ``seed``;
+    ``max_positions`` is its context length. Output is byte-identical for the same arguments.
+    No network access. Returns
     ``directory``. Raises ``ValueError`` if ``vocab_size`` is below 300 or the trained
     vocabulary comes out smaller than asked.
     """
@@ -268,7 +271,7 @@ def build_tiny_model(directory: Path, *, vocab_size: int = 1024, seed: int = 0) 
             "clean_up_tokenization_spaces": False,
             "eos_token": _IM_END,
             "errors": "replace",
-            "model_max_length": _MAX_POSITIONS,
+            "model_max_length": max_positions,
             "pad_token": _ENDOFTEXT,
             "split_special_tokens": False,
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -297,7 +300,7 @@ def build_tiny_model(directory: Path, *, vocab_size: int = 1024, seed: int = 0) 
             "hidden_size": _HIDDEN,
             "initializer_range": 0.02,
             "intermediate_size": _INTERMEDIATE,
-            "max_position_embeddings": _MAX_POSITIONS,
+            "max_position_embeddings": max_positions,
             "mlp_bias": False,
             "model_type": "llama",
             "num_attention_heads": _HEADS,
