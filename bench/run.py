@@ -2,9 +2,10 @@
 
 One session: smg_trio and the Rust smg 1.13.0 (and, with ``--vllm``, vLLM's own API server)
 against the same mock engine; req/s, CPU µs per streamed token and per request, added TTFT
-p50/p99 at concurrency 1, 32 and 256, RSS with 1000 concurrent streams. Writes
-``docs/perf/gateway.json``, draws ``docs/perf/gateway.png`` and regenerates the figures
-section of ``docs/performance.md``. Prints a table. Not a timed test.
+p50/p99 at concurrency 1, 32 and 256, RSS with 1000 concurrent streams; then
+``bench/long_prompt.py`` (the inter-token gaps of 32 streams while 1k-, 8k- and 32k-token
+prompts arrive). Writes ``docs/perf/gateway.json``, draws ``docs/perf/gateway.png`` and
+regenerates the figures section of ``docs/performance.md``. Prints a table. Not a timed test.
 
     python bench/run.py            # full run, ~6 min on 2 cores
     python bench/run.py --quick    # ~3 min smoke check: one repetition, fewer requests, no vLLM
@@ -15,7 +16,10 @@ Any other option is passed to ``bench/gateway.py`` (see ``python bench/gateway.p
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -39,9 +43,23 @@ def main(argv: list[str] | None = None) -> int:
         else:
             json_path = Path(args[args.index("--json") + 1])
         gateway.run_bench(args)
+        add_long_prompt(json_path, prompts=3 if "--quick" in args else 10)
     report.render(json_path)
     print(f"wrote {json_path}, {report.DEFAULT_PNG} and {report.DEFAULT_MD}")
     return 0
+
+
+def add_long_prompt(json_path: Path, *, prompts: int) -> None:
+    """Run ``bench/long_prompt.py`` (its own gateway and mock, after the others stopped) and
+    keep its figures in the run's JSON under ``long_prompt``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "long_prompt.json"
+        cmd = [sys.executable, str(BENCH_DIR / "long_prompt.py"), "--prompts", str(prompts)]
+        subprocess.run([*cmd, "--json", str(out)], check=True)
+        figures = json.loads(out.read_text())
+    data = json.loads(json_path.read_text())
+    data["long_prompt"] = {"argv": ["--prompts", str(prompts)], **figures}
+    json_path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 if __name__ == "__main__":
