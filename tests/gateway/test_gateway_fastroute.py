@@ -44,7 +44,7 @@ async def test_chunked_body_over_the_limit_is_a_413(harness: HarnessFactory) -> 
         async with harness(config=GatewayHttpConfig(max_body_bytes=300)) as h:
             resp = await h.http.post(CHAT, content=chunks(), headers=JSON)
             assert "content-length" not in resp.request.headers
-            assert_envelope(resp, 413)
+            assert assert_envelope(resp, 413)["code"] == "request_too_large"
             assert h.engine.requests == []
             # The unread body means the server closes that connection; a new one is served.
             async with httpx.AsyncClient(base_url=h.base_url) as fresh:

@@ -204,9 +204,11 @@ async def test_body_too_large(harness: HarnessFactory) -> None:
     with trio.fail_after(DEADLINE_S):
         async with harness(config=GatewayHttpConfig(max_body_bytes=200)) as h:
             big = [{"role": "user", "content": "x" * 500}]
-            assert_envelope(
+            err = assert_envelope(
                 await h.post("/v1/chat/completions", {"model": "M", "messages": big}), 413
             )
+            assert err["code"] == "request_too_large"
+            assert "limit of 200 bytes" in err["message"]
             assert h.engine.requests == []
 
 

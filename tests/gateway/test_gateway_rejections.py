@@ -232,6 +232,28 @@ async def test_b18_malformed_bodies(harness: HarnessFactory, raw: bytes, path: s
             await assert_untouched(h)
 
 
+@pytest.mark.parametrize(
+    ("extra", "param", "code"),
+    [
+        ({"max_tokens": -1}, "max_tokens", "invalid_value"),  # the right type, out of bounds
+        ({"top_p": 1.5}, "top_p", "invalid_value"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "invalid_value"),
+        ({"logit_bias": {"5": 200}}, "logit_bias", "invalid_value"),  # in a map's value
+        ({"max_tokens": "ten"}, "max_tokens", "invalid_type"),
+        ({"messages": "hi"}, "messages", "invalid_type"),
+    ],
+    ids=["below-min", "above-max", "not-a-choice", "map-value", "str-for-int", "str-for-list"],
+)
+async def test_a_bad_value_and_a_bad_type_have_their_own_codes(
+    harness: HarnessFactory, extra: dict[str, Any], param: str, code: str
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            resp = await h.post("/v1/chat/completions", {"model": "M", "messages": HI, **extra})
+            assert assert_envelope(resp, 400, param)["code"] == code
+            await assert_untouched(h)
+
+
 async def test_b18_missing_required_field_names_it(harness: HarnessFactory) -> None:
     with trio.fail_after(DEADLINE_S):
         async with harness() as h:

@@ -275,6 +275,13 @@ class RequestCall:
         try:
             data = await self.request.get_data(cache=False)
         except HTTPException as exc:
+            if exc.code == 413:
+                limit = self.gw.config.max_body_bytes
+                raise ApiError(
+                    413,
+                    f"the request body is larger than this gateway's limit of {limit} bytes",
+                    code="request_too_large",
+                ) from None
             raise ApiError(exc.code or 400, exc.description or exc.name) from None
         if not isinstance(data, bytes):
             data = data.encode()

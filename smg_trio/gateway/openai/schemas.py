@@ -334,12 +334,18 @@ T = TypeVar("T")
 
 _PATH = re.compile(r" - at `\$\.?(.*)`$")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
+#: msgspec's messages for a value of the right type outside its constraints (a bound, a
+#: length, a pattern, a multiple) or outside a ``Literal``.
+_OUT_OF_RANGE = re.compile(
+    r"^(Expected `[^`]+` (>=|<=|>|<|of length|matching|that is a multiple)|Invalid enum value)"
+)
 
 
 def decode_body(data: bytes, type_: type[T]) -> T:
     """Decode a JSON body into ``type_``. Raises :class:`ApiError` 400: ``json_parse_error``
-    for malformed JSON, ``invalid_type``/``invalid_value`` with ``param`` set to the field path
-    (``messages[0].role``) for a body of the wrong shape (including a non-object body), and
+    for malformed JSON; ``invalid_type`` (a value of the wrong type, including a non-object
+    body) or ``invalid_value`` (the right type outside its bounds, length or choices), with
+    ``param`` set to the field path (``messages[0].role``); and
     ``json_parse_error`` for a body that is not UTF-8 anywhere, even in a field that is ignored
     (msgspec skips unknown fields without checking them; RFC 8259 8.1)."""
     if not data.isascii():  # the common case costs one scan, no copy
@@ -363,7 +369,10 @@ def decode_body(data: bytes, type_: type[T]) -> T:
             param = f"{param}.{missing.group(1)}" if param else missing.group(1)
         elif param:
             text = f"{text} at '{param}'"
-        code = "missing_required_parameter" if missing else "invalid_type"
+        if missing:
+            code = "missing_required_parameter"
+        else:
+            code = "invalid_value" if _OUT_OF_RANGE.match(text) else "invalid_type"
         raise ApiError(400, text, param=param or None, code=code) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"JSON syntax error: {exc}", code="json_parse_error") from None
