@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -498,3 +499,109 @@ async def test_a_reset_behind_a_full_read_ahead_still_ends_the_stream(
                     == 1
                 )
                 assert (await h.chat(max_tokens=2)).status_code == 200
+
+
+class SocketWrites:
+    """Every ``os.write`` the fast path and its direct writer make, and every
+    ``shutdown(SHUT_WR)`` of a fast-path connection."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import os as real_os
+        import types
+
+        from smg_trio.gateway.server import direct
+
+        self.writes: list[bytes] = []
+        self.shutdowns = 0
+
+        def write(fd: int, data: bytes) -> int:
+            n = real_os.write(fd, data)
+            self.writes.append(bytes(data[:n]))
+            return n
+
+        fake = types.SimpleNamespace(**{**vars(real_os), "write": write})
+        monkeypatch.setattr(direct, "os", fake)
+        monkeypatch.setattr(fast_http1, "os", fake)
+        real_eof = trio.SocketStream.send_eof
+
+        async def send_eof(stream: trio.SocketStream) -> None:
+            self.shutdowns += 1
+            await real_eof(stream)
+
+        monkeypatch.setattr(trio.SocketStream, "send_eof", send_eof)
+
+
+async def test_a_stream_ends_in_the_write_of_its_last_data(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The body's last chunk goes with the stream's last frames (``[DONE]``): one write per
+    SSE event and none for the end alone; the bytes are hypercorn's all the same."""
+    steps = steps_of(tok, "one ", "two ", "three ")
+    spy = SocketWrites(monkeypatch)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps) as h:
+            answer = await _talk(h, _post(STREAM, extra="Connection: close\r\n"))
+            assert h.client.inflight_count == 0
+    assert answer.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    assert spy.writes, "the fast path wrote nothing"
+    assert spy.writes[-1].endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    assert b"0\r\n\r\n" not in spy.writes[:-1]
+    # the head with the role chunk, one write per content step, the last with the end
+    assert len(spy.writes) == 1 + len(steps)
+
+
+async def test_a_connection_the_client_closed_is_closed_without_a_shutdown(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the client's end was read nothing is left unread, so ``close(2)`` alone ends the
+    connection (no reset can follow); a connection the server closes first shuts down its
+    side first (``Connection: close``)."""
+    spy = SocketWrites(monkeypatch)
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as stream:
+                await stream.send_all(_post(CHAT))
+                data = b""
+                while not data.endswith(b"}"):  # the whole answer
+                    data += await stream.receive_some(65536)
+                stream.socket.shutdown(socket.SHUT_WR)  # the client's end, between requests
+                assert await stream.receive_some(65536) == b""  # the server closed
+            assert data.startswith(b"HTTP/1.1 200 ")
+            assert spy.shutdowns == 0
+            answer = await _talk(h, _post(CHAT, extra="Connection: close\r\n"))
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            assert spy.shutdowns == 1
+
+
+async def test_a_partial_last_write_still_ends_the_body_once(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the socket takes only part of the last frames and the body's end, the request's
+    task sends the rest, and the final ASGI message adds no second end."""
+    import os as real_os
+    import types
+
+    from smg_trio.gateway.server import direct
+
+    cut: list[bytes] = []
+
+    def write(fd: int, data: bytes) -> int:
+        if data.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):
+            cut.append(data)
+            return real_os.write(fd, data[: len(data) // 2])  # the socket is nearly full
+        return real_os.write(fd, data)
+
+    monkeypatch.setattr(direct, "os", types.SimpleNamespace(**{**vars(real_os), "write": write}))
+    steps = steps_of(tok, "one ", "two ", "three ")
+    answers = {}
+    for fast in (True, False):
+        with trio.fail_after(DEADLINE_S):
+            async with harness(plan=lambda r: steps, fast_http1=fast) as h:
+                answers[fast] = _normal(
+                    await _talk(h, _post(STREAM, extra="Connection: close\r\n"))
+                )
+                assert h.client.inflight_count == 0
+    assert len(cut) == 1  # the fast path's last write (hypercorn's writes the end apart)
+    assert answers[True].endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    assert answers[True].count(b"\r\n0\r\n\r\n") == 1
+    assert answers[True] == answers[False]

@@ -31,10 +31,9 @@ class WriteSpy:
         real_of = DirectWriter.of
 
         def spy(cls: type[DirectWriter]) -> None:
-            real_write = cls.try_write
+            real_write, real_last = cls.try_write, cls.try_write_last
 
-            def try_write(ds: DirectWriter, data: bytes) -> bytes | None:
-                tail = real_write(ds, data)
+            def count(data: bytes, tail: bytes | None) -> bytes | None:
                 if tail is None:
                     self.refused += 1
                 elif tail:
@@ -46,7 +45,15 @@ class WriteSpy:
                     self.fell_back.set()
                 return tail
 
+            def try_write(ds: DirectWriter, data: bytes) -> bytes | None:
+                return count(data, real_write(ds, data))
+
+            def try_write_last(ds: DirectWriter, data: bytes) -> bytes | None:
+                return count(data, real_last(ds, data))
+
             monkeypatch.setattr(cls, "try_write", try_write)
+            if "try_write_last" in vars(cls):  # the default one calls try_write, counted above
+                monkeypatch.setattr(cls, "try_write_last", try_write_last)
 
         def of(server_send: object) -> DirectWriter | None:
             ds = real_of(server_send)

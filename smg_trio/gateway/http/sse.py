@@ -225,9 +225,10 @@ class StreamBody(ResponseBody):
             delta = pipeline.feed(outputs)
             data = b"" if delta is None else self._renderer.delta(sub, delta)
             if pipeline.done:
-                # The last frames go out now too; the writer task only ends the response
-                # (and ABORTs the engine after a gateway-side stop).
-                self._write_or_queue(data + self._renderer.end() + self._done)
+                # The last frames go out now too, with the body's end where the server can;
+                # the writer task only ends the response (and ABORTs the engine after a
+                # gateway-side stop).
+                self._write_or_queue(data + self._renderer.end() + self._done, last=True)
                 self._ended = True
                 self._lot.unpark_all()
                 return
@@ -241,12 +242,14 @@ class StreamBody(ResponseBody):
         if data:
             self._write_or_queue(data)
 
-    def _write_or_queue(self, data: bytes) -> None:
+    def _write_or_queue(self, data: bytes, *, last: bool = False) -> None:
         """Write ``data`` to the socket now if direct writes are on, nothing is queued before
-        it and that cannot block; else queue it (or its unwritten tail) and wake the writer."""
+        it and that cannot block (``last``: the body's last data, with its end where the
+        server can); else queue it (or its unwritten tail) and wake the writer."""
         if self._direct_on and not self._outbox and not self._raw_tail:
             assert self._direct is not None
-            tail = self._direct.try_write(data)
+            direct = self._direct
+            tail = direct.try_write_last(data) if last else direct.try_write(data)
             if tail is not None:
                 if tail:
                     self._raw_tail = tail

@@ -47,6 +47,7 @@ from smg_trio.gateway.server.fixes import Fix, missing_attrs, unset_attrs
 __all__ = [
     "FIX",
     "GONE",
+    "LAST_CHUNK",
     "SERVER_SEND_KEY",
     "DirectSocket",
     "DirectWriter",
@@ -71,10 +72,15 @@ def _chunked_writer() -> type:
     return writer
 
 
+#: The chunk that ends a chunked body (no trailers).
+LAST_CHUNK: Final = b"0\r\n\r\n"
+
+
 def write_now(
-    lock: trio.Lock, socket: trio.socket.SocketType, data: bytes
+    lock: trio.Lock, socket: trio.socket.SocketType, data: bytes, *, last: bool = False
 ) -> bytes | Literal[False] | None:
     """Write ``data`` as one HTTP/1.1 chunk with one non-blocking ``write(2)``; not a checkpoint.
+    With ``last``, the body's last chunk (:data:`LAST_CHUNK`) goes in the same write.
 
     Returns ``b""`` when the whole chunk was written, the unwritten tail of the framed chunk
     after a partial write, ``None`` when nothing was written (``lock``, the connection's send
@@ -85,7 +91,7 @@ def write_now(
     fd = socket.fileno()  # re-read: -1 once closed (a cached fd may be reused)
     if fd < 0:
         return None
-    frame = frame_chunk(data)
+    frame = frame_chunk(data) + LAST_CHUNK if last else frame_chunk(data)
     try:
         sent = os.write(fd, frame)
     except OSError as exc:  # EAGAIN, EPIPE, ECONNRESET...: the ASGI path handles each
@@ -143,6 +149,13 @@ class DirectWriter:
         """
         raise NotImplementedError
 
+    def try_write_last(self, data: bytes) -> bytes | None:
+        """:meth:`try_write` for the body's last data: where the server can, the chunk that
+        ends the body goes in the same ``write(2)`` (one write fewer per stream), and the
+        final ASGI body message then writes nothing more. Returns as :meth:`try_write`; by
+        default it is :meth:`try_write` (the final ASGI message ends the body)."""
+        return self.try_write(data)
+
     async def send_whole(
         self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
     ) -> bool:
@@ -157,11 +170,11 @@ class DirectWriter:
         raise NotImplementedError
 
     def _write_now(
-        self, lock: trio.Lock, socket: trio.socket.SocketType, data: bytes
+        self, lock: trio.Lock, socket: trio.socket.SocketType, data: bytes, *, last: bool = False
     ) -> bytes | None:
         """:func:`write_now` for :meth:`try_write`; a peer found gone sets :attr:`broken`
         and calls :meth:`_found_gone`."""
-        done = write_now(lock, socket, data)
+        done = write_now(lock, socket, data, last=last)
         if done is False:
             self.broken = True
             self._found_gone()

@@ -37,7 +37,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.utils import build_and_validate_headers, parse_socket_addr
 
 from smg_trio.gateway.server.asgi_shield import ASGIApp, Message, Scope
-from smg_trio.gateway.server.direct import GONE, DirectWriter, frame_chunk
+from smg_trio.gateway.server.direct import GONE, LAST_CHUNK, DirectWriter, frame_chunk
 from smg_trio.gateway.server.fixes import Fix, missing_attrs
 from smg_trio.gateway.server.hypercorn_close import CLOSE_LOCK_WAIT_S, Connections
 from smg_trio.gateway.server.hypercorn_errors import protocol_error
@@ -487,15 +487,20 @@ class _Connection:
 
     async def close(self) -> None:
         """Close the socket after any write in progress (waited for at most
-        ``CLOSE_LOCK_WAIT_S``: longer, it is stuck on a client that stopped reading)."""
+        ``CLOSE_LOCK_WAIT_S``: longer, it is stuck on a client that stopped reading). Before
+        the client's end was read, ``shutdown(SHUT_WR)`` comes first: a ``close(2)`` with
+        unread bytes would send a reset, which can destroy the answer still in flight. Once
+        the end was read (the common case: the client closed first) nothing is left unread,
+        and ``close(2)`` alone sends the FIN; a connection found broken has no answer to keep."""
         with trio.CancelScope(shield=True):
             with trio.move_on_after(CLOSE_LOCK_WAIT_S):
                 async with self.send_lock:
                     self.closing = True
-                    try:
-                        await self.stream.send_eof()
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                        pass
+                    if not self.eof:
+                        try:
+                            await self.stream.send_eof()
+                        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                            pass
                     await self.stream.aclose()
                     return
             await self.stream.aclose()
@@ -511,6 +516,7 @@ class FastExchange(DirectWriter):
         "_conn",
         "_identity_left",
         "_keep_alive",
+        "_last_sent",
         "_limit_close",
         "_request",
         "_wake",
@@ -532,6 +538,7 @@ class FastExchange(DirectWriter):
         self.head_sent = False
         self._chunked = False
         self._identity_left: int | None = None
+        self._last_sent = False  # the body's last chunk went out with a direct write
         self._wake: trio.CancelScope | None = None
         self.broken = False
         self.finished = False
@@ -630,8 +637,8 @@ class FastExchange(DirectWriter):
                 if self._identity_left is not None:
                     self._identity_left -= len(body)
         if not more:
-            if self._chunked:
-                data += b"0\r\n\r\n"
+            if self._chunked and not self._last_sent:
+                data += LAST_CHUNK
             self.finished = True
             self._conn.on_gone = None  # complete: a later end is not this request's
             if self._wake is not None:
@@ -724,13 +731,22 @@ class FastExchange(DirectWriter):
         return self.head_sent and self._chunked and not self.finished
 
     def try_write(self, data: bytes) -> bytes | None:
+        return self._try_write(data, last=False)
+
+    def try_write_last(self, data: bytes) -> bytes | None:
+        return self._try_write(data, last=True)
+
+    def _try_write(self, data: bytes, *, last: bool) -> bytes | None:
         conn = self._conn
         if self.broken or conn.eof:
             self.broken = True
             return None
-        if self.finished:
+        if self.finished or self._last_sent:
             return None
-        return self._write_now(conn.send_lock, conn.stream.socket, data)
+        tail = self._write_now(conn.send_lock, conn.stream.socket, data, last=last)
+        if last and tail is not None:
+            self._last_sent = True  # written, or its tail is sent (send_raw) before the end
+        return tail
 
     def _found_gone(self) -> None:
         # Tell the request now: the reader may not see the end itself (it stops reading
