@@ -229,9 +229,8 @@ def build_tiny_model(
     The tokenizer (byte-level BPE, ``vocab_size`` ids including 3 special and 2 plain added
     tokens) depends only on ``vocab_size``; the random float32 weights depend on ``seed``;
     ``max_positions`` is its context length. Output is byte-identical for the same arguments.
-    No network access. Returns
-    ``directory``. Raises ``ValueError`` if ``vocab_size`` is below 300 or the trained
-    vocabulary comes out smaller than asked.
+    No network access. Returns ``directory``. Raises ``ValueError`` if ``vocab_size`` is below
+    300 or the trained vocabulary comes out smaller than asked.
     """
     from safetensors.numpy import save_file
 

@@ -6,8 +6,10 @@ before the body, shutdown) kept."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +20,7 @@ import trio.testing
 
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.app import gateway_of
-from smg_trio.gateway.server import fast_http1
+from smg_trio.gateway.server import direct, fast_http1
 from smg_trio.gateway.server.fast_http1 import ReplayStream, parse_head
 from tests.helpers.gateway import DEADLINE_S, HarnessFactory, hostport, steps_of
 
@@ -501,27 +503,34 @@ async def test_a_reset_behind_a_full_read_ahead_still_ends_the_stream(
                 assert (await h.chat(max_tokens=2)).status_code == 200
 
 
+#: How a stream's answer ends: its last frames, then the body's last chunk.
+_END = b"data: [DONE]\n\n\r\n0\r\n\r\n"
+
+
+def _patch_write(
+    monkeypatch: pytest.MonkeyPatch, write: Any, modules: Sequence[Any] = (direct, fast_http1)
+) -> None:
+    """Route ``os.write`` of ``modules`` (the direct writer's and the fast path's) through
+    ``write``."""
+    fake = types.SimpleNamespace(**{**vars(os), "write": write})
+    for module in modules:
+        monkeypatch.setattr(module, "os", fake)
+
+
 class SocketWrites:
     """Every ``os.write`` the fast path and its direct writer make, and every
     ``shutdown(SHUT_WR)`` of a fast-path connection."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        import os as real_os
-        import types
-
-        from smg_trio.gateway.server import direct
-
         self.writes: list[bytes] = []
         self.shutdowns = 0
 
         def write(fd: int, data: bytes) -> int:
-            n = real_os.write(fd, data)
+            n = os.write(fd, data)
             self.writes.append(bytes(data[:n]))
             return n
 
-        fake = types.SimpleNamespace(**{**vars(real_os), "write": write})
-        monkeypatch.setattr(direct, "os", fake)
-        monkeypatch.setattr(fast_http1, "os", fake)
+        _patch_write(monkeypatch, write)
         real_eof = trio.SocketStream.send_eof
 
         async def send_eof(stream: trio.SocketStream) -> None:
@@ -542,9 +551,9 @@ async def test_a_stream_ends_in_the_write_of_its_last_data(
         async with harness(plan=lambda r: steps) as h:
             answer = await _talk(h, _post(STREAM, extra="Connection: close\r\n"))
             assert h.client.inflight_count == 0
-    assert answer.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    assert answer.endswith(_END)
     assert spy.writes, "the fast path wrote nothing"
-    assert spy.writes[-1].endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    assert spy.writes[-1].endswith(_END)
     assert b"0\r\n\r\n" not in spy.writes[:-1]
     # the head with the role chunk, one write per content step, the last with the end
     assert len(spy.writes) == 1 + len(steps)
@@ -578,20 +587,15 @@ async def test_a_partial_last_write_still_ends_the_body_once(
 ) -> None:
     """When the socket takes only part of the last frames and the body's end, the request's
     task sends the rest, and the final ASGI message adds no second end."""
-    import os as real_os
-    import types
-
-    from smg_trio.gateway.server import direct
-
     cut: list[bytes] = []
 
     def write(fd: int, data: bytes) -> int:
-        if data.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):
+        if data.endswith(_END):
             cut.append(data)
-            return real_os.write(fd, data[: len(data) // 2])  # the socket is nearly full
-        return real_os.write(fd, data)
+            return os.write(fd, data[: len(data) // 2])  # the socket is nearly full
+        return os.write(fd, data)
 
-    monkeypatch.setattr(direct, "os", types.SimpleNamespace(**{**vars(real_os), "write": write}))
+    _patch_write(monkeypatch, write, [direct])  # the direct write; the tail is sent whole
     steps = steps_of(tok, "one ", "two ", "three ")
     answers = {}
     for fast in (True, False):
@@ -602,6 +606,6 @@ async def test_a_partial_last_write_still_ends_the_body_once(
                 )
                 assert h.client.inflight_count == 0
     assert len(cut) == 1  # the fast path's last write (hypercorn's writes the end apart)
-    assert answers[True].endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    assert answers[True].endswith(_END)
     assert answers[True].count(b"\r\n0\r\n\r\n") == 1
     assert answers[True] == answers[False]

@@ -237,9 +237,10 @@ def create_app(
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
+        err = gw.http_error(exc)
         status = exc.code or 500
-        code = {404: "not_found", 405: "method_not_allowed"}.get(status)
-        message = exc.description or exc.name
+        code = {404: "not_found", 405: "method_not_allowed"}.get(status, err.detail.code)
+        message = err.detail.message
         if status == 404:
             path = _current().path
             known = next(

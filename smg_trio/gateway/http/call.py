@@ -133,6 +133,18 @@ class Gateway:
         metrics.watch_admission(self.admission)
         metrics.watch_backend(backend)
 
+    def http_error(self, exc: HTTPException) -> ApiError:
+        """The API error for the web framework's own: a body over ``max_body_bytes`` is 413
+        ``request_too_large`` naming the limit; others keep their status and text (no code)."""
+        if exc.code == 413:
+            limit = self.config.max_body_bytes
+            return ApiError(
+                413,
+                f"the request body is larger than this gateway's limit of {limit} bytes",
+                code="request_too_large",
+            )
+        return ApiError(exc.code or 400, exc.description or exc.name)
+
     def request_id(self, request: Request | AsgiRequest) -> str:
         """The first configured request-id header present (printable ASCII without spaces,
         <= 256 chars), else a fresh 32-hex-digit id."""
@@ -275,14 +287,7 @@ class RequestCall:
         try:
             data = await self.request.get_data(cache=False)
         except HTTPException as exc:
-            if exc.code == 413:
-                limit = self.gw.config.max_body_bytes
-                raise ApiError(
-                    413,
-                    f"the request body is larger than this gateway's limit of {limit} bytes",
-                    code="request_too_large",
-                ) from None
-            raise ApiError(exc.code or 400, exc.description or exc.name) from None
+            raise self.gw.http_error(exc) from None
         if not isinstance(data, bytes):
             data = data.encode()
         self.body_bytes = len(data)

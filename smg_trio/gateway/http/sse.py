@@ -255,7 +255,7 @@ class StreamBody(ResponseBody):
                     self._raw_tail = tail
                     self._lot.unpark_all()
                 return
-            if self._direct.broken:
+            if direct.broken:
                 self._client_gone()
         self._outbox.append(data)
         self._lot.unpark_all()

@@ -91,7 +91,9 @@ def write_now(
     fd = socket.fileno()  # re-read: -1 once closed (a cached fd may be reused)
     if fd < 0:
         return None
-    frame = frame_chunk(data) + LAST_CHUNK if last else frame_chunk(data)
+    frame = frame_chunk(data)
+    if last:
+        frame += LAST_CHUNK
     try:
         sent = os.write(fd, frame)
     except OSError as exc:  # EAGAIN, EPIPE, ECONNRESET...: the ASGI path handles each
