@@ -178,6 +178,9 @@ class EngineClient:
         #: end of the batch), by engine identity.
         self._pending_aborts: dict[bytes, list[str]] = {}
         self._dispatching = False
+        #: Requests given outputs (or ended) by the messages drained so far in this wake-up of
+        #: the output loop, woken once they are all in (:meth:`_wake_queued`).
+        self._to_wake: dict[_Entry, None] = {}
 
     # -- introspection -------------------------------------------------------------------
 
@@ -643,6 +646,25 @@ class EngineClient:
             if self._pending_aborts:
                 self._flush_aborts()
 
+    def _wake_queued(self) -> None:
+        """Wake every request that the messages drained in this wake-up gave outputs (or
+        ended), once each. A consumer that fell behind the engine (several steps waiting on
+        the socket) then takes them all at once: a stream writes them in one socket write
+        rather than one per step, which is how a saturated gateway catches up. When it keeps
+        up, a drain holds one step and nothing waits longer than the decode of that step."""
+        to_wake = self._to_wake
+        if not to_wake:
+            return
+        self._to_wake = {}
+        self._dispatching = True
+        try:
+            for entry in to_wake:
+                entry.wake()
+        finally:
+            self._dispatching = False
+            if self._pending_aborts:
+                self._flush_aborts()
+
     def _dispatch_batch(self, batch: EngineBatch) -> None:
         router = self._router
         slot = router.slot_for_index(batch.engine_index)
@@ -656,6 +678,7 @@ class EngineClient:
                 load = EngineLoad(0, 0, load.kv_cache_usage)
             router.loads[slot] = load
         registry = self._registry
+        to_wake = self._to_wake
         # Ids to tell ABORT again, per engine: one message each (not one task and message per
         # output: under a disconnect storm every retired request's in-flight outputs did that,
         # hundreds of sends competing with the ABORTs that mattered).
@@ -680,7 +703,8 @@ class EngineClient:
                     else:
                         self._aborted.pop(out.request_id, None)
                 continue
-            entry.push(out)
+            entry.put(out)
+            to_wake[entry] = None
             if out.finish_reason is not None:
                 del registry[out.request_id]
                 router.release(entry.rank, out.request_id)
@@ -688,7 +712,8 @@ class EngineClient:
             entry = registry.pop(rid, None)
             if entry is not None:
                 router.release(entry.rank, rid)
-                entry.close()
+                if entry.end():
+                    to_wake[entry] = None
         if self._waves is not None:
             if batch.wave_complete is not None:
                 self._waves.wave_complete(batch.wave_complete)
@@ -731,47 +756,55 @@ class EngineClient:
             return
 
     async def _output_loop(self) -> None:
-        """Receive, decode and dispatch engine outputs. Every message waiting is handled in
-        one wake-up (a checkpoint every ``_OUTPUT_BURST`` messages keeps a flood fair)."""
+        """Receive, decode and dispatch engine outputs until the client dies or closes."""
+        with trio.CancelScope() as scope:
+            self._recv_scope = scope  # cancelled by _die
+            try:
+                await self._receive_outputs()
+            finally:
+                self._wake_queued()  # nothing queued is left unwoken, however the loop ends
+        self._recv_scope = None
+
+    async def _receive_outputs(self) -> None:
+        """Every message waiting is handled in one wake-up (a checkpoint every
+        ``_OUTPUT_BURST`` messages keeps a flood fair), and the requests it fed are woken
+        before the loop waits or yields (:meth:`_wake_queued`)."""
         sock = self._sockets.output
         decode = self.protocol.decode_batch
         errors = 0
         burst = 0
-        with trio.CancelScope() as scope:
-            self._recv_scope = scope  # cancelled by _die
-            while self._dead is None:
-                try:
-                    if burst >= _OUTPUT_BURST:
-                        burst = 0
-                        await trio.lowlevel.checkpoint()
-                    frames = sock.recv_multipart_nowait()
-                    if frames is None:
-                        burst = 0
-                        await sock.wait_readable()
-                        continue
-                    burst += 1
-                except (TransportError, trio.ClosedResourceError) as exc:
-                    if not self._closed:
-                        self._die(EngineDeadError(f"engine output socket failed: {exc}"))
-                    return
-                self._last_output = trio.current_time()
-                if len(frames) == 1 and frames[0] == ENGINE_CORE_DEAD:
-                    self._die(EngineDeadError("engine core dead (ENGINE_CORE_DEAD sentinel)"))
-                    return
-                try:
-                    batch = decode(frames)
-                except DecodeError as exc:
-                    errors += 1
-                    log.warning("dropping undecodable engine output (%d in a row): %s", errors, exc)
-                    if errors >= MAX_CONSECUTIVE_DECODE_ERRORS:
-                        self._die(
-                            EngineDeadError(f"{errors} consecutive undecodable outputs: {exc}")
-                        )
-                        return
+        while self._dead is None:
+            try:
+                if burst >= _OUTPUT_BURST:
+                    burst = 0
+                    self._wake_queued()
+                    await trio.lowlevel.checkpoint()
+                frames = sock.recv_multipart_nowait()
+                if frames is None:
+                    burst = 0
+                    self._wake_queued()
+                    await sock.wait_readable()
                     continue
-                errors = 0
-                self._dispatch(batch)
-        self._recv_scope = None
+                burst += 1
+            except (TransportError, trio.ClosedResourceError) as exc:
+                if not self._closed:
+                    self._die(EngineDeadError(f"engine output socket failed: {exc}"))
+                return
+            self._last_output = trio.current_time()
+            if len(frames) == 1 and frames[0] == ENGINE_CORE_DEAD:
+                self._die(EngineDeadError("engine core dead (ENGINE_CORE_DEAD sentinel)"))
+                return
+            try:
+                batch = decode(frames)
+            except DecodeError as exc:
+                errors += 1
+                log.warning("dropping undecodable engine output (%d in a row): %s", errors, exc)
+                if errors >= MAX_CONSECUTIVE_DECODE_ERRORS:
+                    self._die(EngineDeadError(f"{errors} consecutive undecodable outputs: {exc}"))
+                    return
+                continue
+            errors = 0
+            self._dispatch(batch)
 
     def _close(self) -> None:
         self._closed = True

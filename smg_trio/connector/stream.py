@@ -55,20 +55,30 @@ class _Entry:
         self.waker: Callable[[], None] | None = None
 
     def push(self, out: EngineOutput) -> None:
+        self.put(out)
+        self.wake()
+
+    def put(self, out: EngineOutput) -> None:
+        """Queue ``out`` without waking the consumer (the caller calls :meth:`wake`)."""
         self.queue.append(out)
         if out.finish_reason is not None:
             self.finished = True
             self.closed = True
-        self._wake()
 
     def close(self, error: BaseException | None = None) -> None:
+        if self.end(error):
+            self.wake()
+
+    def end(self, error: BaseException | None = None) -> bool:
+        """Mark the stream ended without waking the consumer; ``False`` if it already was."""
         if self.closed:
-            return
+            return False
         self.closed = True
         self.error = error
-        self._wake()
+        return True
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Run the waker, or wake the parked task."""
         if self.waker is not None:
             self.waker()
         elif self.lot:

@@ -251,3 +251,24 @@ async def test_closing_the_client_fails_live_streams(addresses: WorkerAddresses)
                 async with client.generate(request("late")):
                     pytest.fail("a closed client admitted a request")
     assert engine.aborts == []
+
+
+async def test_a_request_is_woken_once_per_drain_with_all_its_outputs(
+    addresses: WorkerAddresses,
+) -> None:
+    """Outputs that reach the client together (here three steps of one request in one
+    message) wake the request's consumer once, with all of them, not once per output: a
+    stream that fell behind the engine writes what it took in one socket write."""
+    engine = RawEngine(addresses.handshake)
+    with trio.fail_after(IO_DEADLINE_S):
+        async with raw_serving(addresses, engine) as client:
+            async with client.generate(request("r", max_tokens=3)) as stream:
+                woken: list[list[EngineOutput]] = []
+                stream.set_waker(lambda: woken.append(stream.receive_nowait()))
+                await engine.recv_kind(b"\x00")
+                await engine.push_vllm(
+                    vllm_output("r", [5]), vllm_output("r", [6]), vllm_output("r", [7], finish=1)
+                )
+                await wait_until(lambda: stream.finished)
+                assert [[o.new_token_ids for o in outs] for outs in woken] == [[[5], [6], [7]]]
+            assert client.inflight_count == 0

@@ -609,3 +609,54 @@ async def test_a_partial_last_write_still_ends_the_body_once(
     assert answers[True].endswith(_END)
     assert answers[True].count(b"\r\n0\r\n\r\n") == 1
     assert answers[True] == answers[False]
+
+
+def _two_steps_per_message(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Have the mock engine send two steps' outputs in each message, as the gateway finds
+    them when it fell behind (several steps waiting on its socket)."""
+    send = engine._send_vllm
+    held: list[Any] = []
+    steps = [0]
+
+    async def send_vllm(results: Any) -> None:
+        if not results:
+            await send(results)
+            return
+        held.extend(results)
+        steps[0] += 1
+        if steps[0] == 2 or any(reason is not None for _, _, reason, _ in results):
+            out = list(held)
+            held.clear()
+            steps[0] = 0
+            await send(out)
+
+    monkeypatch.setattr(engine, "_send_vllm", send_vllm)
+
+
+async def test_steps_taken_together_go_in_one_write_with_an_event_each(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream that takes several engine steps at once (it fell behind) writes them in one
+    socket write, still one SSE event per step: the events are those of a stream that kept
+    up, in fewer chunks."""
+    steps = steps_of(tok, "one ", "two ", "three ", "four ")
+    events = {}
+    writes = {}
+    for together in (False, True):
+        spy = SocketWrites(monkeypatch)
+        with trio.fail_after(DEADLINE_S):
+            async with harness(plan=lambda r: steps) as h:
+                if together:
+                    _two_steps_per_message(h.engine, monkeypatch)
+                answer = await _talk(
+                    h, _post(_long_chat(64, stream=True), extra="Connection: close\r\n")
+                )
+                assert h.client.inflight_count == 0
+        events[together] = re.findall(rb"data: [^\n]*\n\n", _normal(answer))
+        writes[together] = len(spy.writes)
+    assert events[True] == events[False]
+    contents = [c for e in events[True] for c in re.findall(rb'"content":"([^"]+)"', e)]
+    assert contents == [b"one ", b"two ", b"three ", b"four "]
+    # the head with the role chunk, a write per message of steps, the finish with the end
+    assert writes[False] == 1 + len(steps) + 1
+    assert writes[True] == 1 + len(steps) // 2 + 1

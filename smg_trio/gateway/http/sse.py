@@ -222,8 +222,8 @@ class StreamBody(ResponseBody):
             if not outputs:
                 return
             self._call.on_batch()
-            delta = pipeline.feed(outputs)
-            data = b"" if delta is None else self._renderer.delta(sub, delta)
+            render = self._renderer.delta
+            data = b"".join([render(sub, delta) for delta in pipeline.feed_each(outputs)])
             if pipeline.done:
                 # The last frames go out now too, with the body's end where the server can;
                 # the writer task only ends the response (and ABORTs the engine after a

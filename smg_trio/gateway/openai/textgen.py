@@ -238,6 +238,29 @@ class ChoicePipeline:
                 self.stop_reason = out.stop_reason
         return self._emit(parts, thoughts)
 
+    def feed_each(self, outputs: Sequence[EngineOutput]) -> list[TextDelta]:
+        """:meth:`feed` one output at a time: a delta per engine step, so a stream that took
+        several steps at once still sends an event per step (one token each, as when it
+        keeps up). Stops at the finish or a failure; a failure after text is left in
+        :attr:`failure` with the text returned first, as :meth:`feed` does."""
+        if len(outputs) <= 1:
+            delta = self.feed(outputs)
+            return [] if delta is None else [delta]
+        deltas: list[TextDelta] = []
+        for out in outputs:
+            try:
+                delta = self.feed((out,))
+            except EngineRequestFailed as exc:
+                if not deltas:
+                    raise
+                self.failure = exc
+                break
+            if delta is not None:
+                deltas.append(delta)
+            if self.done or self.failure is not None:
+                break
+        return deltas
+
     def _consume(self, out: EngineOutput, parts: list[str], thoughts: list[str]) -> None:
         toks = out.new_token_ids
         room = self._params.limit - self.completion_tokens
