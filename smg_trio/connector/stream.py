@@ -117,6 +117,13 @@ class RequestStream:
         return self._entry.finished
 
     @property
+    def ended(self) -> bool:
+        """True once no more outputs will arrive (finished, retired or failed). A waker that
+        drained the queue of an ended stream is not called again: it calls
+        :meth:`receive_nowait` once more to learn how the stream ended."""
+        return self._entry.closed
+
+    @property
     def aborted(self) -> bool:
         """True once the request was retired by an eager abort
         (:meth:`~smg_trio.connector.client.EngineClient.abort_nowait`: its client is gone)."""

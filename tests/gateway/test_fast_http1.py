@@ -18,10 +18,12 @@ import pytest
 import trio
 import trio.testing
 
+from smg_trio.codec.msgpack import encoder
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.app import gateway_of
 from smg_trio.gateway.server import direct, fast_http1
 from smg_trio.gateway.server.fast_http1 import ReplayStream, parse_head
+from smg_trio.protocol import vllm
 from tests.helpers.gateway import DEADLINE_S, HarnessFactory, hostport, steps_of
 
 CHAT = json.dumps({"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
@@ -633,13 +635,35 @@ def _two_steps_per_message(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(engine, "_send_vllm", send_vllm)
 
 
+def _contents(events: Sequence[bytes]) -> dict[int, list[tuple[bytes, bytes]]]:
+    """Each choice's (text, running completion_tokens) per content event."""
+    out: dict[int, list[tuple[bytes, bytes]]] = {}
+    for event in events:
+        for index, text in re.findall(
+            rb'"index":(\d+),(?:"delta":\{"content"|"text"):"([^"]+)"', event
+        ):
+            used = re.findall(rb'"completion_tokens":(\d+)', event)
+            out.setdefault(int(index), []).append((text, used[0] if used else b""))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("path", "n"),
+    [("/v1/chat/completions", 1), ("/v1/chat/completions", 2), ("/v1/completions", 1)],
+)
 async def test_steps_taken_together_go_in_one_write_with_an_event_each(
-    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch, path: str, n: int
 ) -> None:
     """A stream that takes several engine steps at once (it fell behind) writes them in one
-    socket write, still one SSE event per step: the events are those of a stream that kept
-    up, in fewer chunks."""
+    socket write, still one SSE event per step, each with its own running usage: the events
+    are those of a stream that kept up, in fewer chunks. So for each choice of ``n``."""
     steps = steps_of(tok, "one ", "two ", "three ", "four ")
+    body: dict[str, Any] = {"model": "M", "max_tokens": 64, "n": n, "stream": True}
+    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    if path == "/v1/completions":
+        body["prompt"] = "hi"
+    else:
+        body["messages"] = [{"role": "user", "content": "hi"}]
     events = {}
     writes = {}
     for together in (False, True):
@@ -648,15 +672,50 @@ async def test_steps_taken_together_go_in_one_write_with_an_event_each(
             async with harness(plan=lambda r: steps) as h:
                 if together:
                     _two_steps_per_message(h.engine, monkeypatch)
-                answer = await _talk(
-                    h, _post(_long_chat(64, stream=True), extra="Connection: close\r\n")
-                )
+                raw = _post(json.dumps(body), path, extra="Connection: close\r\n")
+                answer = await _talk(h, raw)
                 assert h.client.inflight_count == 0
         events[together] = re.findall(rb"data: [^\n]*\n\n", _normal(answer))
         writes[together] = len(spy.writes)
+    texts = [b"one ", b"two ", b"three ", b"four "]
+    for index in range(n):
+        assert [t for t, _ in _contents(events[True])[index]] == texts
+    if n > 1:  # the choices' events interleave (and so their summed usage) as tasks run
+        return
     assert events[True] == events[False]
-    contents = [c for e in events[True] for c in re.findall(rb'"content":"([^"]+)"', e)]
-    assert contents == [b"one ", b"two ", b"three ", b"four "]
-    # the head with the role chunk, a write per message of steps, the finish with the end
-    assert writes[False] == 1 + len(steps) + 1
-    assert writes[True] == 1 + len(steps) // 2 + 1
+    # a write per message of steps: one for each two steps where there was one per step
+    assert writes[True] == writes[False] - len(steps) // 2
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_output_and_an_out_of_band_end_in_one_message_end_the_answer(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """An engine output and the same request in ``finished_requests`` (ended without a
+    terminal output) arriving together: the request is woken once, and still learns that
+    its stream ended. The stream ends with the error event and ``[DONE]``; the whole answer
+    is an error. Neither hangs."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            h.engine.stall()  # only the message below reaches the gateway
+            arrived = h.engine.request_event
+            async with await trio.open_tcp_stream(*hostport(h.base_url)) as conn:
+                raw = _post(_long_chat(8, stream=stream), extra="Connection: close\r\n")
+                await conn.send_all(raw)
+                await arrived.wait()
+                rid = h.engine.requests[-1].request_id
+                env = vllm.EngineCoreOutputs(
+                    engine_index=0,
+                    outputs=[vllm.EngineCoreOutput(request_id=rid, new_token_ids=[300])],
+                    finished_requests=[rid],
+                )
+                await h.engine._push([encoder.encode(env)])
+                answer = b""
+                while data := await conn.receive_some(65536):
+                    answer += data
+            assert h.client.inflight_count == 0
+    assert b"engine_aborted" in answer
+    if stream:
+        assert answer.endswith(_END)
+    else:
+        assert answer.startswith(b"HTTP/1.1 5")

@@ -130,7 +130,7 @@ def test_feed_each_gives_a_delta_per_output_and_the_same_text(deepseek_tok: Any,
     params = ChoiceParams(limit=100)
     one_by_one = ChoicePipeline(0, deepseek_tok, params)
     apart = [d for o in outputs if (d := one_by_one.feed([o])) is not None]
-    each = ChoicePipeline(0, deepseek_tok, params).feed_each(outputs)
+    each = list(ChoicePipeline(0, deepseek_tok, params).feed_each(outputs))
     merged = ChoicePipeline(0, deepseek_tok, params).feed(outputs)
     assert merged is not None
     assert len(each) > 1
@@ -147,18 +147,20 @@ def test_feed_each_returns_the_text_before_a_failure_first(
 ) -> None:
     ids = tok.encode("hello world")
     pipeline = ChoicePipeline(0, tok, ChoiceParams(limit=100))
-    deltas = pipeline.feed_each(
-        [EngineOutput("r", ids[:1]), EngineOutput("r", ids[1:]), EngineOutput("r", [], reason)]  # type: ignore[arg-type]
+    deltas = list(
+        pipeline.feed_each(
+            [EngineOutput("r", ids[:1]), EngineOutput("r", ids[1:]), EngineOutput("r", [], reason)]  # type: ignore[arg-type]
+        )
     )
     assert "".join(d.text for d in deltas) == "hello world"
     assert len(deltas) == 2
     assert pipeline.failure is not None
     assert pipeline.failure.code == code
     with pytest.raises(EngineRequestFailed):
-        pipeline.feed_each([])
+        list(pipeline.feed_each([]))
     alone = ChoicePipeline(0, tok, ChoiceParams(limit=100))
     with pytest.raises(EngineRequestFailed):
-        alone.feed_each([EngineOutput("r", [], reason), EngineOutput("r", ids)])  # type: ignore[arg-type]
+        list(alone.feed_each([EngineOutput("r", [], reason), EngineOutput("r", ids)]))  # type: ignore[arg-type]
 
 
 def test_feed_each_stops_at_the_finish(tok: Any) -> None:
@@ -166,7 +168,7 @@ def test_feed_each_stops_at_the_finish(tok: Any) -> None:
     ids = tok.encode("one two three four")
     outputs = [EngineOutput("r", [t], "stop" if k == 1 else None) for k, t in enumerate(ids)]  # type: ignore[arg-type]
     pipeline = ChoicePipeline(0, tok, ChoiceParams(limit=100))
-    deltas = pipeline.feed_each(outputs)
+    deltas = list(pipeline.feed_each(outputs))
     assert pipeline.done
     assert len(deltas) == 2
     assert deltas[-1].finish_reason == "stop"

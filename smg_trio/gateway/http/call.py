@@ -363,8 +363,10 @@ class RequestCall:
         return lease
 
     def on_batch(self) -> None:
-        """Called per engine batch: marks the first token's time, and observes the time since
-        the previous batch (``vllm:inter_token_latency_seconds``, one choice only)."""
+        """Called per delivery of engine outputs to the request (one or more steps taken
+        in one wake-up): marks the first token's time, and observes the time since the
+        previous delivery (``vllm:inter_token_latency_seconds``, one choice only): the gap
+        the client sees."""
         now = time.perf_counter()
         last, self._last_batch = self._last_batch, now
         if last is None:

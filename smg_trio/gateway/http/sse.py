@@ -223,7 +223,7 @@ class StreamBody(ResponseBody):
                 return
             self._call.on_batch()
             render = self._renderer.delta
-            data = b"".join([render(sub, delta) for delta in pipeline.feed_each(outputs)])
+            data = b"".join(render(sub, delta) for delta in pipeline.feed_each(outputs))
             if pipeline.done:
                 # The last frames go out now too, with the body's end where the server can;
                 # the writer task only ends the response (and ABORTs the engine after a
@@ -241,6 +241,8 @@ class StreamBody(ResponseBody):
             return
         if data:
             self._write_or_queue(data)
+        if stream.ended and not stream.aborted:  # ended out of band: no other wake-up follows
+            self._on_ready()
 
     def _write_or_queue(self, data: bytes, *, last: bool = False) -> None:
         """Write ``data`` to the socket now if direct writes are on, nothing is queued before

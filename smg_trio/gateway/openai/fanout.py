@@ -111,8 +111,7 @@ class _Driver:
                     )
                 return
             self.on_batch()
-            delta = pipeline.feed(outputs)
-            if delta is not None:
+            for delta in pipeline.feed_each(outputs):  # an event per engine step
                 self.on_delta(self.sub, delta)
             if pipeline.failure is not None:
                 raise pipeline.failure
@@ -122,6 +121,8 @@ class _Driver:
             return
         if pipeline.done:
             self.ended.set()
+        elif self.stream.ended:  # it ended out of band after these outputs: no wake-up follows
+            self.on_ready()
 
 
 async def drive(
