@@ -111,11 +111,17 @@ def targets(data: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
     r = ratio("streams_1000", "wall_s")
     errors = get(trio, "streams_1000", "errors")
     met = _target("1000 streams x 32 tokens: wall at most 1.5x smg's", r, 1.5, "")
+    r2 = ratio("streams_1000", "wall_s", n2) if n2 else None
+    also = (
+        ""
+        if r2 is None
+        else f"; N=2 {_num(r2, '.2f')}x, {get(n2, 'streams_1000', 'errors')} errors"
+    )
     out.append(
         (
             met[0] + ", 0 errors",
             None if met[1] is None else bool(met[1] and not errors),
-            f"{_num(r, '.2f')}x, {errors} errors",
+            f"{_num(r, '.2f')}x, {errors} errors{also}",
         )
     )
     long = data.get("long_prompt", {}).get("prompts", {}).get("8192")
