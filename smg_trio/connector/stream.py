@@ -54,10 +54,6 @@ class _Entry:
         #: Called instead of waking a parked task (see ``RequestStream.set_waker``).
         self.waker: Callable[[], None] | None = None
 
-    def push(self, out: EngineOutput) -> None:
-        self.put(out)
-        self.wake()
-
     def put(self, out: EngineOutput) -> None:
         """Queue ``out`` without waking the consumer (the caller calls :meth:`wake`)."""
         self.queue.append(out)

@@ -12,18 +12,24 @@ from smg_trio.gateway.openai.errors import EngineRequestFailed
 from smg_trio.gateway.openai.textgen import ChoiceParams, ChoicePipeline
 from smg_trio.protocol.types import EngineOutput
 
-
-@pytest.mark.parametrize(
+#: An engine failure's finish reason, and the error code the gateway gives it.
+FAILURES = pytest.mark.parametrize(
     ("reason", "code"), [("error", "engine_error"), ("abort", "engine_aborted")]
 )
+
+
+def _text_then_failure(ids: list[int], reason: str) -> list[EngineOutput]:
+    """Two outputs of text, then a failure finish: one engine batch, or three steps."""
+    return [EngineOutput("r", ids[:1]), EngineOutput("r", ids[1:]), EngineOutput("r", [], reason)]  # type: ignore[arg-type]
+
+
+@FAILURES
 def test_text_before_a_failure_in_the_same_batch_is_returned_first(
     tok: Any, reason: str, code: str
 ) -> None:
     ids = tok.encode("hello world")
     pipeline = ChoicePipeline(0, tok, ChoiceParams(limit=100))
-    delta = pipeline.feed(
-        [EngineOutput("r", ids[:1]), EngineOutput("r", ids[1:]), EngineOutput("r", [], reason)]  # type: ignore[arg-type]
-    )
+    delta = pipeline.feed(_text_then_failure(ids, reason))
     assert delta is not None
     assert delta.text == "hello world"
     assert delta.finish_reason is None
@@ -139,19 +145,13 @@ def test_feed_each_gives_a_delta_per_output_and_the_same_text(deepseek_tok: Any,
     assert each[-1].finish_reason == "length"
 
 
-@pytest.mark.parametrize(
-    ("reason", "code"), [("error", "engine_error"), ("abort", "engine_aborted")]
-)
+@FAILURES
 def test_feed_each_returns_the_text_before_a_failure_first(
     tok: Any, reason: str, code: str
 ) -> None:
     ids = tok.encode("hello world")
     pipeline = ChoicePipeline(0, tok, ChoiceParams(limit=100))
-    deltas = list(
-        pipeline.feed_each(
-            [EngineOutput("r", ids[:1]), EngineOutput("r", ids[1:]), EngineOutput("r", [], reason)]  # type: ignore[arg-type]
-        )
-    )
+    deltas = list(pipeline.feed_each(_text_then_failure(ids, reason)))
     assert "".join(d.text for d in deltas) == "hello world"
     assert len(deltas) == 2
     assert pipeline.failure is not None

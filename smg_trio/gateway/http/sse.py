@@ -245,7 +245,9 @@ class StreamBody(ResponseBody):
             return
         if data:
             self._write_or_queue(data)
-        if stream.ended and not stream.aborted:  # ended out of band: no other wake-up follows
+        # It ended out of band after these outputs: no other wake-up follows, so look once
+        # more. (A stream retired here, its client gone, is ended by the writer task.)
+        if stream.ended and not stream.aborted:
             self._on_ready()
 
     def _write_or_queue(self, data: bytes, *, last: bool = False) -> None:
