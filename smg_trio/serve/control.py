@@ -22,6 +22,7 @@ __all__ = [
     "ADMIN_PATHS",
     "CONTROL_SOCKET",
     "FRONTEND_READY",
+    "RESPONSES_STORE",
     "TABLE_POLL_S",
     "ControlClient",
     "admin_proxy_blueprint",
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 FRONTEND_READY = "smg_trio frontend ready"
 #: The control socket's name in the run directory.
 CONTROL_SOCKET = "control.sock"
+#: The Responses API's store shared by the frontends, in the run directory.
+RESPONSES_STORE = "responses.sqlite3"
 #: How long one table long-poll waits for a change before it answers unchanged.
 TABLE_POLL_S = 10.0
 #: The admin routes a frontend forwards to the supervisor (Quart rules).

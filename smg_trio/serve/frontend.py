@@ -25,6 +25,7 @@ from smg_trio.serve.config import GatewayConfig
 from smg_trio.serve.control import (
     CONTROL_SOCKET,
     FRONTEND_READY,
+    RESPONSES_STORE,
     ControlClient,
     admin_proxy_blueprint,
 )
@@ -48,8 +49,6 @@ log = logging.getLogger(__name__)
 
 #: This process's own exposition, on its unix socket (``/metrics`` merges every frontend's).
 LOCAL_METRICS_PATH = "/_smg/metrics"
-#: The Responses store shared by the frontends (SQLite), in the private run directory.
-RESPONSES_STORE = "responses.sqlite3"
 #: How long ``/metrics`` waits for another frontend's exposition before leaving it out.
 PEER_METRICS_TIMEOUT_S = 2.0
 

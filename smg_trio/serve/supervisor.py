@@ -23,9 +23,10 @@ import attrs
 import trio
 
 from smg_trio.gateway.http.app import listen_backlog
+from smg_trio.gateway.openai.responses_shared import create_shared_store
 from smg_trio.protocol.addresses import client_data_plane
 from smg_trio.serve.config import GatewayConfig
-from smg_trio.serve.control import FRONTEND_READY
+from smg_trio.serve.control import FRONTEND_READY, RESPONSES_STORE
 from smg_trio.transport.sockdir import ensure_ipc_socket_dir
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager
@@ -123,6 +124,7 @@ class FrontendGroup:
         #: The supervisor's manager (its workers' frontend sockets are unlinked at exit).
         self.manager: WorkerManager | None = None
         create_shared_load(os.path.join(run_dir, "load"), count)
+        create_shared_store(os.path.join(run_dir, RESPONSES_STORE))
         #: The frontends' in-flight counts (read-only): a worker removal drains them.
         self.load = SharedLoad(os.path.join(run_dir, "load"), count, None)
         doc = {

@@ -4,11 +4,12 @@ byte bounds hold across processes' writes."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from smg_trio.gateway.openai.responses_shared import SharedResponseStore
+from smg_trio.gateway.openai.responses_shared import SharedResponseStore, create_shared_store
 from smg_trio.gateway.openai.responses_store import StoredResponse
 
 
@@ -62,3 +63,21 @@ def test_size_zero_keeps_nothing_and_negative_is_refused(tmp_path: Path) -> None
     assert store.get("resp_1") is None
     with pytest.raises(ValueError, match=">= 0"):
         SharedResponseStore(path, -1)
+
+
+def test_a_prepared_store_opens_while_another_process_reads_it(tmp_path: Path) -> None:
+    """Frontends starting together each open the store. On a file already made by
+    ``create_shared_store`` (WAL), opening needs no lock that a reader in another process
+    holds; on a new file, the switch to WAL needs one and fails ("database is locked")."""
+    path = str(tmp_path / "responses.sqlite3")
+    create_shared_store(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN")
+        other.execute("SELECT COUNT(*) FROM responses").fetchone()  # a read in flight
+        store = SharedResponseStore(path, 10)
+        store.put("resp_1", _entry(1))
+        assert store.get("resp_1") is not None
+        store.close()
+    finally:
+        other.close()

@@ -12,7 +12,7 @@ import msgspec
 from smg_trio.gateway.config import DEFAULT_RESPONSES_STORE_MAX_BYTES
 from smg_trio.gateway.openai.responses_store import StoredResponse
 
-__all__ = ["SharedResponseStore"]
+__all__ = ["SharedResponseStore", "create_shared_store"]
 
 #: How long a writer waits for another process's write to finish (SQLite's busy timeout).
 _BUSY_MS = 5000
@@ -22,6 +22,14 @@ _SCHEMA = (
     " nbytes INTEGER NOT NULL, used INTEGER NOT NULL)",
     "CREATE INDEX IF NOT EXISTS responses_used ON responses (used)",
 )
+
+
+def create_shared_store(path: str) -> None:
+    """Make the store's file at ``path`` (WAL journal, schema) before the processes that
+    share it start. Each of them then finds the file in WAL already: switching a new file to
+    WAL takes a lock SQLite does not always wait for, and two frontends switching at once
+    could fail with ``database is locked``."""
+    SharedResponseStore(path, 0).close()
 
 
 class SharedResponseStore:
