@@ -557,8 +557,10 @@ async def test_a_stream_ends_in_the_write_of_its_last_data(
     assert spy.writes, "the fast path wrote nothing"
     assert spy.writes[-1].endswith(_END)
     assert b"0\r\n\r\n" not in spy.writes[:-1]
-    # the head with the role chunk, one write per content step, the last with the end
-    assert len(spy.writes) == 1 + len(steps)
+    assert b'"finish_reason":"length"' in spy.writes[-1]  # with the last step's event
+    # the head with the role chunk, at most one write per content step (fewer where the
+    # gateway found several steps waiting at once), and none for the end alone
+    assert len(spy.writes) <= 1 + len(steps)
 
 
 async def test_a_connection_the_client_closed_is_closed_without_a_shutdown(
@@ -665,7 +667,7 @@ async def test_steps_taken_together_go_in_one_write_with_an_event_each(
     else:
         body["messages"] = [{"role": "user", "content": "hi"}]
     events = {}
-    writes = {}
+    writes: dict[bool, list[bytes]] = {}
     for together in (False, True):
         spy = SocketWrites(monkeypatch)
         with trio.fail_after(DEADLINE_S):
@@ -676,15 +678,18 @@ async def test_steps_taken_together_go_in_one_write_with_an_event_each(
                 answer = await _talk(h, raw)
                 assert h.client.inflight_count == 0
         events[together] = re.findall(rb"data: [^\n]*\n\n", _normal(answer))
-        writes[together] = len(spy.writes)
+        writes[together] = spy.writes
     texts = [b"one ", b"two ", b"three ", b"four "]
     for index in range(n):
         assert [t for t, _ in _contents(events[True])[index]] == texts
     if n > 1:  # the choices' events interleave (and so their summed usage) as tasks run
         return
     assert events[True] == events[False]
-    # a write per message of steps: one for each two steps where there was one per step
-    assert writes[True] == writes[False] - len(steps) // 2
+    # the two steps of each message go in one write. (How many writes a stream that kept up
+    # takes depends on the scheduler: one that fell behind writes what it found at once.)
+    for first, second in [(b'"one "', b'"two "'), (b'"three "', b'"four "')]:
+        [sharing] = [w for w in writes[True] if first in w]
+        assert second in sharing, (first, writes[True])
 
 
 @pytest.mark.parametrize("stream", [True, False])
