@@ -145,7 +145,10 @@ def _seconds(*, allow_zero: bool, allow_inf: bool = False) -> Callable[[str], fl
 
 def _common(p: argparse.ArgumentParser) -> None:
     # serve/__init__ (the HTTP app) is heavy; the mock-engine and conformance paths skip it
-    from smg_trio.serve.config import DEFAULT_SHUTDOWN_GRACE_PERIOD_S
+    from smg_trio.serve.config import (
+        DEFAULT_FRONTEND_STALL_TIMEOUT_S,
+        DEFAULT_SHUTDOWN_GRACE_PERIOD_S,
+    )
 
     g = p.add_argument_group("gateway")
     g.add_argument("--host", default=DEFAULT_HOST, help="HTTP bind host (default %(default)s)")
@@ -156,6 +159,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="N|auto",
         help="frontend processes serving HTTP on the same engines (vLLM's flag); auto: one per "
         "core this process may use (default %(default)s)",
+    )
+    g.add_argument(
+        "--frontend-stall-timeout-secs",
+        type=_seconds(allow_zero=True, allow_inf=True),
+        default=DEFAULT_FRONTEND_STALL_TIMEOUT_S,
+        help="with --api-server-count above 1: kill and restart a frontend whose event loop "
+        "has not run for this long (alive but serving nothing); 0 or inf: never "
+        "(default %(default)s)",
     )
     g.add_argument(
         "--port",
@@ -656,6 +667,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "worker_wait_timeout_s": args.worker_wait_timeout_secs,
         "discovery_file": args.discovery_file,
         "shutdown_grace_period_s": args.shutdown_grace_period_secs,
+        "frontend_stall_timeout_s": args.frontend_stall_timeout_secs,
         "allow_insecure_admin": args.allow_insecure_admin,
         "enable_http2": args.enable_http2,
         "fast_http1": not args.disable_fast_http1,

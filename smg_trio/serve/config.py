@@ -32,6 +32,9 @@ __all__ = [
 # The defaults below and those imported above are the CLI's too (smg_trio/cli.py reads them).
 #: On SIGINT/SIGTERM, how long in-flight requests may finish (``--shutdown-grace-period-secs``).
 DEFAULT_SHUTDOWN_GRACE_PERIOD_S = 30.0
+#: A frontend whose event loop has not run for this long is killed and restarted
+#: (``--frontend-stall-timeout-secs``; 0 turns the check off).
+DEFAULT_FRONTEND_STALL_TIMEOUT_S = 30.0
 #: The first port of the workers ``serve`` launches (``--worker-base-port``).
 DEFAULT_WORKER_BASE_PORT = 31000
 
@@ -115,6 +118,7 @@ class GatewayConfig:
     worker_wait_timeout_s: float = WORKER_WAIT_TIMEOUT_S
     discovery_file: str | None = None
     shutdown_grace_period_s: float = DEFAULT_SHUTDOWN_GRACE_PERIOD_S
+    frontend_stall_timeout_s: float = DEFAULT_FRONTEND_STALL_TIMEOUT_S
     engines: EngineLaunchConfig | None = None
     allow_insecure_admin: bool = False
     allowed_socket_dirs: tuple[str, ...] = ()

@@ -138,6 +138,16 @@ async def _watch_lifeline() -> None:
             os._exit(1)
 
 
+async def _beat(fd: int, interval: float) -> None:
+    """A byte to the supervisor's heartbeat pipe each ``interval`` while this event loop
+    runs: a loop that stops running (blocked, SIGSTOPped) goes silent, and the supervisor
+    kills and restarts this frontend (``--frontend-stall-timeout-secs``)."""
+    async with trio.lowlevel.FdStream(fd) as beats:
+        while True:
+            await beats.send_all(b".")
+            await trio.sleep(interval)
+
+
 async def _sync_table(manager: FrontendManager, control: ControlClient, first: trio.Event) -> None:
     etag = ""
     while True:
@@ -153,9 +163,10 @@ async def _sync_table(manager: FrontendManager, control: ControlClient, first: t
 
 
 async def run_frontend(
-    config: GatewayConfig, run_dir: str, index: int, count: int, fd: int
+    config: GatewayConfig, run_dir: str, index: int, count: int, fd: int, beats: int | None = None
 ) -> None:
-    """Serve as frontend ``index`` (1..``count``) until SIGTERM/SIGINT (drain, then stop)."""
+    """Serve as frontend ``index`` (1..``count``) until SIGTERM/SIGINT (drain, then stop);
+    ``beats``: the supervisor's heartbeat pipe, if it watches for a stall."""
     from smg_trio.gateway.openai.errors import ApiError
     from smg_trio.serve import DRAIN_FLUSH_S, _confinement, _http_config
 
@@ -164,6 +175,8 @@ async def run_frontend(
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_lifeline)
+            if beats is not None:
+                nursery.start_soon(_beat, beats, config.frontend_stall_timeout_s / 4)
             manager = FrontendManager(
                 nursery,
                 client_index=index,
@@ -218,19 +231,20 @@ async def run_frontend(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m smg_trio.serve.frontend RUN_DIR INDEX``."""
+    """``python -m smg_trio.serve.frontend RUN_DIR INDEX [HEARTBEAT_FD]``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2:
-        sys.stderr.write("usage: python -m smg_trio.serve.frontend RUN_DIR INDEX\n")
+    if len(args) not in (2, 3):
+        sys.stderr.write("usage: python -m smg_trio.serve.frontend RUN_DIR INDEX [HEARTBEAT_FD]\n")
         return 2
     run_dir, index = args[0], int(args[1])
+    beats = int(args[2]) if len(args) == 3 else None
     logging.basicConfig(
         level=os.environ.get("SMG_TRIO_FRONTEND_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s %(levelname)s frontend-{index} %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per control call
     config, count, fd = load_config(run_dir)
-    trio.run(run_frontend, config, run_dir, index, count, fd)
+    trio.run(run_frontend, config, run_dir, index, count, fd, beats)
     return 0
 
 

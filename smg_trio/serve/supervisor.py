@@ -1,12 +1,13 @@
 """``serve --api-server-count N``: the supervisor's side. It owns the listening socket, the run
 directory (control socket, shared load table, the frontends' config), and N frontend child
-processes in its nursery, restarted when they die and drained on shutdown."""
+processes in its nursery, restarted when they die or stall, and drained on shutdown."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -200,6 +201,13 @@ class FrontendGroup:
         # The frontend exits when this pipe reaches end of file: only we hold the write end.
         lifeline_r, lifeline_w = os.pipe()
         argv = [sys.executable, "-m", "smg_trio.serve.frontend", self.run_dir, str(frontend.index)]
+        pass_fds = [self._listen.fileno()]
+        # ... and its event loop writes a byte to this one every so often (_watch_beats).
+        stall = self.config.frontend_stall_timeout_s
+        beats_r, beats_w = os.pipe() if 0 < stall < math.inf else (-1, -1)
+        if beats_w >= 0:
+            argv.append(str(beats_w))
+            pass_fds.append(beats_w)
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
         env = {**os.environ, "SMG_TRIO_FRONTEND_LOG_LEVEL": level}
         try:
@@ -212,22 +220,68 @@ class FrontendGroup:
                             stdin=lifeline_r,
                             stdout=subprocess.PIPE,
                             env=env,
-                            pass_fds=(self._listen.fileno(),),
+                            pass_fds=pass_fds,
                             check=False,
                             deliver_cancel=_stop_frontend,
                         )
                     )
                 finally:
                     os.close(lifeline_r)
+                    if beats_w >= 0:
+                        os.close(beats_w)
                 frontend.process = proc
                 assert proc.stdout is not None
                 nursery.start_soon(self._read_stdout, proc.stdout, frontend)
+                if beats_r >= 0:
+                    nursery.start_soon(self._watch_beats, beats_r, frontend, proc, stall)
+                    beats_r = -1  # the watcher closes it
                 code = await proc.wait()
                 nursery.cancel_scope.cancel()
         finally:
             os.close(lifeline_w)
+            if beats_r >= 0:
+                os.close(beats_r)
             frontend.process = None
         return code
+
+    async def _watch_beats(
+        self, fd: int, frontend: _Frontend, proc: trio.Process, stall: float
+    ) -> None:
+        """SIGKILL a frontend whose event loop stopped running (a CPU-bound or blocking call
+        that never returns, a deadlock in native code, SIGSTOP): it still holds its
+        connections and engine requests but serves nothing, and only its death lets
+        :meth:`_keep` restart it (its engine requests are then ABORTed). The clock starts
+        at its first beat, so the imports before its loop runs are not timed."""
+        os.set_blocking(fd, False)
+        try:
+            first = True
+            while True:
+                with trio.move_on_after(math.inf if first else stall):
+                    await trio.lowlevel.wait_readable(fd)
+                # read even when the wait timed out: if this loop was the late one, the
+                # beats are there (not the frontend's stall)
+                try:
+                    beat = os.read(fd, 4096)
+                except BlockingIOError:
+                    beat = None
+                if beat == b"":
+                    return  # it exited: _run_once sees to it
+                first = False
+                if beat is not None:
+                    continue
+                if self._stopped():
+                    return  # drain's own deadline decides now
+                log.error(
+                    "frontend %d (pid %d) stalled: its event loop has not run for %.1f s "
+                    "(--frontend-stall-timeout-secs); killing it",
+                    frontend.index,
+                    proc.pid,
+                    stall,
+                )
+                proc.kill()
+                return
+        finally:
+            os.close(fd)
 
     async def _read_stdout(self, stdout: trio.abc.ReceiveStream, frontend: _Frontend) -> None:
         buf = b""

@@ -200,6 +200,8 @@ def test_env_value_outside_choices_rejected(monkeypatch: pytest.MonkeyPatch) -> 
         ("--worker-startup-timeout-secs", "0", "must be positive"),
         ("--shutdown-grace-period-secs", "nan", "finite"),
         ("--shutdown-grace-period-secs", "inf", "finite"),
+        ("--frontend-stall-timeout-secs", "-1", "must be non-negative"),
+        ("--frontend-stall-timeout-secs", "nan", "finite"),
         ("--dp-size", "two", "not an integer"),
     ],
 )

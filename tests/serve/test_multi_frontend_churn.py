@@ -1,13 +1,16 @@
 """``serve --backend mock --api-server-count 2`` under faults around the frontends: a frontend
-that restarts while one worker's engine is stalled comes back and serves the other one."""
+that restarts while one worker's engine is stalled comes back and serves the other one; a
+stalled frontend is killed and restarted."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
@@ -46,3 +49,44 @@ async def test_restarted_frontend_serves_beside_a_stalled_engine(
             assert len(re.findall(r"frontend \d exited", served.log())) == 1
         finally:
             os.kill(stalled, signal.SIGCONT)
+
+
+async def test_a_stalled_frontend_is_killed_restarted_and_its_requests_aborted(
+    sock_dir: str, tmp_path: Path
+) -> None:
+    """A frontend whose event loop stops running (SIGSTOP here; a call that never returns is
+    the same to the supervisor) is alive, holds its connections and engine requests, and
+    serves nothing. The supervisor hears no heartbeat for --frontend-stall-timeout-secs,
+    kills it and restarts it; the engine request it held is ABORTed once the new one is
+    back; the frontend that kept running is left alone."""
+    async with serve_two(sock_dir, tmp_path, "--frontend-stall-timeout-secs", "2") as served:
+        pids = served.frontend_pids()
+        streaming = trio.Event()
+
+        async def stream_on_frontend_1() -> None:
+            body = {**CHAT, "max_tokens": 3000, "ignore_eos": True, "stream": True}
+            async with served.frontend(1) as client:
+                with contextlib.suppress(httpx.HTTPError):  # its frontend is killed under it
+                    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+                        assert resp.status_code == 200
+                        async for _ in resp.aiter_lines():
+                            streaming.set()
+
+        with trio.fail_after(90):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stream_on_frontend_1)
+                await streaming.wait()
+                rid = (await _wait_log(served, r"mock: add (\S+) \(client 1\)"))[1]
+                os.kill(pids[1], signal.SIGSTOP)
+                stalled = await _wait_log(served, r"frontend 1 \(pid (\d+)\) stalled")
+                assert int(stalled[1]) == pids[1]
+                await _wait_log(served, r"(?s)frontend 1 \(pid \d+\) stalled.*frontend 1 ready")
+                await _wait_log(served, rf"mock: abort {re.escape(rid)}")
+                nursery.cancel_scope.cancel()
+            async with served.frontend(1) as client:
+                resp = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4})
+            assert resp.status_code == 200, resp.text
+        now = served.frontend_pids()
+        assert now[1] != pids[1]
+        assert now[2] == pids[2]  # its heartbeat kept coming
+        assert len(re.findall(r"frontend \d exited", served.log())) == 1
