@@ -26,6 +26,7 @@ _FIELDS: dict[str, type] = {
     "dp_size": int,
     "reasoning_parser": str,
     "tool_call_parser": str,
+    "revision": str,
 }
 
 

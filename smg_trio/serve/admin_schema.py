@@ -26,6 +26,9 @@ class WorkerSpecBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dp_size: Annotated[int, Meta(ge=1)] | None = None
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
+    #: With a Hugging Face id in ``model_path`` (or ``model_id``): its branch, tag or commit in
+    #: the hub cache (default ``main``).
+    revision: str | None = None
 
 
 #: The admin routes (``admin_blueprint``), for ``create_app(operations=...)``.

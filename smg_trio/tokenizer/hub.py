@@ -16,6 +16,7 @@ __all__ = [
     "hf_hub_cache",
     "hub_offline",
     "is_hub_id",
+    "is_revision",
     "resolve_hub_model",
 ]
 
@@ -64,6 +65,17 @@ def is_hub_id(text: str) -> bool:
     """Whether ``text`` is spelled like a hub repo id (``org/name``, no ``--`` or ``..``). As
     in vLLM, a local directory of that name wins: callers check ``os.path.isdir`` first."""
     return bool(_HUB_ID.fullmatch(text)) and "--" not in text and ".." not in text
+
+
+#: A branch, tag, ``refs/pr/N`` or commit: huggingface_hub joins a revision onto its cache
+#: path (``refs/<revision>``), so one from a request is held to this before it is used.
+_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(?:/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+
+
+def is_revision(text: str) -> bool:
+    """Whether ``text`` is spelled like a hub revision: path-safe segments (no ``..``, no
+    leading ``/`` or ``.``), at most 256 characters."""
+    return len(text) <= 256 and bool(_REVISION.fullmatch(text)) and ".." not in text
 
 
 @attrs.frozen

@@ -28,7 +28,7 @@ from smg_trio.protocol.types import EngineProtocol
 from smg_trio.protocol.vllm import VllmProtocol
 from smg_trio.tokenizer.core import Tokenizer, load_model_json
 from smg_trio.tokenizer.eos import resolve_eos
-from smg_trio.tokenizer.hub import HubModelError, is_hub_id, resolve_hub_model
+from smg_trio.tokenizer.hub import HubModelError, is_hub_id, is_revision, resolve_hub_model
 from smg_trio.tokenizer.modeldir import ModelDir
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.tcp import TcpOptions, is_wildcard_host
@@ -106,6 +106,8 @@ class WorkerSpec:
     dp_size: int = 1
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
+    #: With a Hugging Face id: the branch, tag or commit of its snapshot (default ``main``).
+    revision: str | None = None
 
 
 def _set_event() -> trio.Event:
@@ -204,13 +206,26 @@ def _resolve_hub_spec(spec: WorkerSpec) -> WorkerSpec:
     default ``model_id``. Cache only: a request never makes the gateway fetch a repo.
     Blocking I/O: run it in a thread. Raises ``ValidationError``."""
     param, ref = ("model_path", spec.model_path) if spec.model_path else ("model_id", spec.model_id)
+    if spec.revision is not None and not is_revision(spec.revision):
+        raise ValidationError(
+            f"revision {spec.revision!r} is not a branch, tag or commit name", param="revision"
+        )
     if ref is None or not is_hub_id(ref) or os.path.isdir(ref):
+        if spec.revision is not None:
+            raise ValidationError(
+                f"revision applies to a Hugging Face id, and {param} {ref!r} is not one (or is "
+                "a local directory)",
+                param="revision",
+            )
         return spec
     try:
-        hub = resolve_hub_model(ref, allow_download=False)
+        hub = resolve_hub_model(ref, spec.revision, allow_download=False)
     except HubModelError as exc:
         raise ValidationError(str(exc), param=param) from exc
-    return attrs.evolve(spec, model_path=hub.path, model_id=spec.model_id or hub.repo_id)
+    # the snapshot's directory names its commit: the revision is spent
+    return attrs.evolve(
+        spec, model_path=hub.path, model_id=spec.model_id or hub.repo_id, revision=None
+    )
 
 
 def _config_max_len(model_dir: ModelDir) -> int | None:
@@ -493,6 +508,12 @@ class WorkerManager:
         joins = spec.model_path is None and spec.model_id is not None
         if not joins or self.get_model(spec.model_id or "") is None:
             spec = await trio.to_thread.run_sync(_resolve_hub_spec, spec)
+        elif spec.revision is not None:
+            raise ValidationError(
+                f"revision needs model_path: model_id alone joins {spec.model_id!r} as it is "
+                "served, with its tokenizer",
+                param="revision",
+            )
         self.validate_spec(spec)
         await trio.to_thread.run_sync(
             _check_model_files, spec.model_path, self.confinement.model_dirs

@@ -213,6 +213,13 @@ async def test_validation_errors(ns: IpcNamespace, model_dir: Path) -> None:
             assert err["param"] == "tool_call_parser"
             assert "hermes" in err["message"]
             assert "deepseek_v3" in err["message"]
+            for revision, says in [("../../etc", "not a branch"), ("v2", "Hugging Face id")]:
+                err = assert_envelope(
+                    await http.post("/workers", json=body(ns, "a", model_dir, revision=revision)),
+                    400,
+                    says,
+                )
+                assert err["param"] == "revision"  # the local model_path takes none
             assert_envelope(
                 await http.post("/workers", json=body(ns, "a", model_dir, bogus=1)), 400
             )

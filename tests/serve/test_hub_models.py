@@ -175,6 +175,46 @@ async def test_post_workers_ids_resolve_in_the_cache(hub: Path, tmp_path: Path) 
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize(
+    "bad", ["../../../etc", "/etc/passwd", "v2/../main", ".hidden", "a b", "x" * 257, "v2\n"]
+)
+async def test_post_workers_revision_picks_the_snapshot_and_is_checked(
+    hub: Path, tmp_path: Path, bad: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``revision`` on a worker spec picks that snapshot of the id (a tag here), and is
+    spent once resolved. huggingface_hub joins a revision onto its cache path
+    (``refs/<revision>``), so one that is not spelled like a branch, tag or commit is a 400
+    before it is used; so is a revision with a local directory, or with a model_id alone
+    that joins a served model (its tokenizer is loaded already)."""
+    conf = WorkerConfinement(socket_dirs=(str(tmp_path),), model_dirs=(str(hub), str(tmp_path)))
+    url = f"ipc://{tmp_path}/w"
+    async with trio.open_nursery() as nursery:
+        manager = WorkerManager(nursery, confinement=conf)
+        spec = await manager.check_spec(WorkerSpec(url=url, model_path=REPO, revision="v2"))
+        assert spec.model_path == str(hub / "models--acme--tiny-chat/snapshots" / V2)
+        assert spec.revision is None
+        spec = await manager.check_spec(WorkerSpec(url=url, model_id=REPO, revision=MAIN))
+        assert spec.model_path is not None
+        assert spec.model_path.endswith(MAIN)
+        with pytest.raises(ValidationError) as err:
+            await manager.check_spec(WorkerSpec(url=url, model_path=REPO, revision="v3"))
+        assert err.value.param == "model_path"
+        assert "'v3'" in err.value.message
+        with pytest.raises(ValidationError) as err:
+            await manager.check_spec(WorkerSpec(url=url, model_path=REPO, revision=bad))
+        assert err.value.param == "revision"
+        local = tmp_path / "local"
+        local.mkdir()
+        with pytest.raises(ValidationError) as err:
+            await manager.check_spec(WorkerSpec(url=url, model_path=str(local), revision="v2"))
+        assert err.value.param == "revision"
+        monkeypatch.setattr(manager, "get_model", lambda model_id: object())  # it is served
+        with pytest.raises(ValidationError) as err:
+            await manager.check_spec(WorkerSpec(url=url, model_id="served", revision="v2"))
+        assert err.value.param == "revision"
+        nursery.cancel_scope.cancel()
+
+
 def test_main_with_an_id_not_cached_exits_2_before_launch(
     hub: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
