@@ -8,9 +8,8 @@ counters in between), sends ``--requests`` copies of the request in ``--request-
 to back over them, and prints one JSON line: requests, errors, completion tokens, content
 chunks, TTFTs, its wall time and its own CPU time (``time.process_time``).
 
-Per streamed request, as ``bench/loadgen.py``: TTFT is the time from writing the request to
-the first event whose ``delta.content`` is non-empty; completion tokens come from the final
-usage event; a content chunk is an event with non-empty content.
+Per streamed request, TTFT, completion tokens and content chunks are read as
+``bench/http1.py`` says, as in ``bench/loadgen.py``.
 
     python bench/lean_client.py --port 8080 --connections 64 --requests 640 --stream \\
         --request-file req.bin
@@ -27,103 +26,26 @@ import sys
 import time
 from typing import Any
 
-_CONTENT = b'"delta":{"content":"'
-_EMPTY_CONTENT = b'"delta":{"content":""'
+from http1 import Http1Reader, HttpError
 
 
-class HttpError(Exception):
-    """A non-200 answer, an error event, or a broken response."""
-
-
-class Conn:
-    """One keep-alive HTTP/1.1 connection with a minimal response parser."""
+class Conn(Http1Reader):
+    """One keep-alive HTTP/1.1 connection (the reader is :mod:`http1`'s)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        super().__init__()
         self.reader = reader
         self.writer = writer
-        self.buf = bytearray()
 
-    async def _fill(self) -> None:
-        data = await self.reader.read(65536)
-        if not data:
-            raise HttpError("connection closed by the server")
-        self.buf += data
-
-    async def _head(self) -> tuple[int, bool, int]:
-        while (end := self.buf.find(b"\r\n\r\n")) < 0:
-            await self._fill()
-        head = bytes(self.buf[:end]).lower()
-        del self.buf[: end + 4]
-        status = int(head[9:12])
-        chunked = b"transfer-encoding: chunked" in head
-        length = -1
-        if not chunked:
-            for line in head.split(b"\r\n"):
-                if line.startswith(b"content-length:"):
-                    length = int(line[15:])
-        return status, chunked, length
-
-    async def _chunk(self) -> bytes:
-        while (eol := self.buf.find(b"\r\n")) < 0:
-            await self._fill()
-        size = int(self.buf[:eol].split(b";", 1)[0], 16)
-        need = eol + 2 + size + 2
-        while len(self.buf) < need:
-            await self._fill()
-        data = bytes(self.buf[eol + 2 : eol + 2 + size])
-        del self.buf[:need]
-        return data
-
-    async def _body(self, chunked: bool, length: int) -> bytes:
-        if chunked:
-            parts = []
-            while chunk := await self._chunk():
-                parts.append(chunk)
-            return b"".join(parts)
-        while len(self.buf) < length:
-            await self._fill()
-        data = bytes(self.buf[:length])
-        del self.buf[:length]
-        return data
+    async def _receive(self) -> bytes:
+        return await self.reader.read(65536)
 
     async def request(self, raw: bytes, stream: bool) -> tuple[float | None, int, int]:
         """(TTFT s or None, completion tokens, content chunks) of one request."""
         t0 = time.perf_counter()
         self.writer.write(raw)
-        status, chunked, length = await self._head()
-        if status != 200 or not stream:
-            body = await self._body(chunked, length)
-            if status != 200:
-                raise HttpError(f"HTTP {status}: {body[:300]!r}")
-            return None, 0, 0
-        ttft: float | None = None
-        tokens = chunks = 0
-        pending = b""
-        done = False
-        while not done:
-            chunk = await self._chunk()
-            if not chunk:
-                break
-            pending += chunk
-            if b"\n\n" not in pending:
-                continue
-            *events, pending = pending.split(b"\n\n")
-            for ev in events:
-                if ev == b"data: [DONE]":
-                    done = True
-                elif _CONTENT in ev and _EMPTY_CONTENT not in ev:
-                    chunks += 1
-                    if ttft is None:
-                        ttft = time.perf_counter() - t0
-                elif b'"completion_tokens"' in ev:
-                    usage = json.loads(ev[6:]).get("usage") or {}
-                    tokens = int(usage.get("completion_tokens", 0))
-                elif b'"error"' in ev:
-                    raise HttpError(f"error event: {ev[:300]!r}")
-        if done:
-            while await self._chunk():
-                pass
-        return ttft, tokens, chunks
+        resp = await self._answer(t0, stream)
+        return resp.ttft_s, resp.completion_tokens, resp.content_chunks
 
 
 async def run(args: argparse.Namespace, raw: bytes) -> dict[str, Any]:

@@ -22,15 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from http1 import Http1Reader, HttpError, Response
 
-__all__ = ["HttpConnection", "LoadResult", "build_request", "chat_body", "run_load"]
-
-_CONTENT = b'"delta":{"content":"'
-_EMPTY_CONTENT = b'"delta":{"content":""'
-
-
-class HttpError(Exception):
-    """A non-200 answer or a broken response."""
+__all__ = ["HttpConnection", "HttpError", "LoadResult", "build_request", "chat_body", "run_load"]
 
 
 def chat_body(model: str, prompt: str, max_tokens: int, *, stream: bool) -> dict[str, Any]:
@@ -56,22 +50,13 @@ def build_request(port: int, body: dict[str, Any], path: str = "/v1/chat/complet
     return head.encode() + payload
 
 
-@dataclass
-class Response:
-    status: int = 0
-    ttft_s: float | None = None
-    completion_tokens: int = 0
-    content_chunks: int = 0
-    body: bytes = b""
-
-
-class HttpConnection:
+class HttpConnection(Http1Reader):
     """One keep-alive HTTP/1.1 connection; :meth:`request` sends one request and reads the
     whole answer (SSE or JSON)."""
 
     def __init__(self, stream: trio.SocketStream) -> None:
+        super().__init__()
         self.stream = stream
-        self.buf = bytearray()
 
     @classmethod
     async def connect(cls, port: int) -> HttpConnection:
@@ -80,94 +65,13 @@ class HttpConnection:
     async def aclose(self) -> None:
         await self.stream.aclose()
 
-    async def _fill(self) -> None:
-        data = await self.stream.receive_some(65536)
-        if not data:
-            raise HttpError("connection closed by the server")
-        self.buf += data
-
-    async def _head(self) -> tuple[int, bool, int]:
-        """(status, chunked, content-length or -1)."""
-        while (end := self.buf.find(b"\r\n\r\n")) < 0:
-            await self._fill()
-        head = bytes(self.buf[:end]).lower()
-        del self.buf[: end + 4]
-        status = int(head[9:12])
-        chunked = b"transfer-encoding: chunked" in head
-        length = -1
-        if not chunked:
-            for line in head.split(b"\r\n"):
-                if line.startswith(b"content-length:"):
-                    length = int(line[15:])
-        return status, chunked, length
-
-    async def _chunk(self) -> bytes:
-        """The next chunk's payload of a chunked body; b"" for the last (0-size) chunk."""
-        while (eol := self.buf.find(b"\r\n")) < 0:
-            await self._fill()
-        size = int(self.buf[:eol].split(b";", 1)[0], 16)
-        need = eol + 2 + size + 2
-        while len(self.buf) < need:
-            await self._fill()
-        data = bytes(self.buf[eol + 2 : eol + 2 + size])
-        del self.buf[:need]
-        return data
-
-    async def _body(self, chunked: bool, length: int) -> bytes:
-        if chunked:
-            parts = []
-            while chunk := await self._chunk():
-                parts.append(chunk)
-            return b"".join(parts)
-        if length < 0:
-            raise HttpError("response without length")
-        while len(self.buf) < length:
-            await self._fill()
-        data = bytes(self.buf[:length])
-        del self.buf[:length]
-        return data
+    async def _receive(self) -> bytes:
+        return await self.stream.receive_some(65536)
 
     async def request(self, raw: bytes, *, stream: bool) -> Response:
         t0 = time.perf_counter()
         await self.stream.send_all(raw)
-        status, chunked, length = await self._head()
-        resp = Response(status=status)
-        if status != 200 or not stream:
-            resp.body = await self._body(chunked, length)
-            if status != 200:
-                raise HttpError(f"HTTP {status}: {resp.body[:300]!r}")
-            return resp
-        if not chunked:
-            raise HttpError("a streamed answer must be chunked")
-        pending = b""
-        done = False
-        while not done:
-            chunk = await self._chunk()
-            if not chunk:
-                break
-            pending += chunk
-            if b"\n\n" not in pending:
-                continue
-            *events, pending = pending.split(b"\n\n")
-            for ev in events:
-                if not ev.startswith(b"data: "):
-                    continue
-                if ev == b"data: [DONE]":
-                    done = True
-                    continue
-                if _CONTENT in ev and _EMPTY_CONTENT not in ev:
-                    resp.content_chunks += 1
-                    if resp.ttft_s is None:
-                        resp.ttft_s = time.perf_counter() - t0
-                elif b'"completion_tokens"' in ev:
-                    usage = json.loads(ev[6:]).get("usage") or {}
-                    resp.completion_tokens = int(usage.get("completion_tokens", 0))
-                elif b'"error"' in ev:
-                    raise HttpError(f"error event: {ev[:300]!r}")
-        if done:
-            while await self._chunk():  # the terminating 0-size chunk
-                pass
-        return resp
+        return await self._answer(t0, stream)
 
 
 @dataclass
