@@ -34,6 +34,12 @@ TEXTS = [
     "<|start|>assistant<|channel|>commentary<|message|>Checking now.<|end|>"
     "<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json"
     '<|message|>{"tz": "UTC"}<|call|>',
+    # two analysis messages, then a preamble and the final answer: a newline between each
+    # kind's messages, as vLLM joins them
+    "<|channel|>analysis<|message|>First, read it.<|end|>"
+    "<|start|>assistant<|channel|>analysis<|message|>Then, answer.<|end|>"
+    "<|start|>assistant<|channel|>commentary<|message|>One moment.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>Done.<|return|>",
 ]
 
 
@@ -63,16 +69,20 @@ def encoding(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def _reference(enc: Any, ids: list[int]) -> tuple[str, str, list[tuple[str, str]]]:
-    reasoning, content, calls = "", "", []
+    """The library's messages, each kind's bodies joined by a newline as vLLM's
+    ``parse_chat_output`` joins them (the calls are the tool parser's)."""
+    reasoning: list[str] = []
+    content: list[str] = []
+    calls = []
     for m in enc.parse_messages_from_completion_tokens(ids, harmony.Role.ASSISTANT):
         body = "".join(c.text for c in m.content)
         if m.recipient is not None and m.recipient.startswith("functions."):
             calls.append((m.recipient.removeprefix("functions."), body))
         elif m.channel == "analysis":
-            reasoning += body
+            reasoning.append(body)
         else:
-            content += body
-    return reasoning, content, calls
+            content.append(body)
+    return "\n".join(reasoning), "\n".join(content), calls
 
 
 def _ours(enc: Any, ids: list[int]) -> tuple[str, str, list[tuple[str, str]]]:

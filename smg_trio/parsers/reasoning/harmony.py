@@ -9,7 +9,9 @@ unwraps what is plain answer, and passes tool calls on untouched.
   the user): its body is content, its framing dropped;
 - a message to ``functions.NAME`` (on any channel): content, verbatim, header and terminator
   included, so the tool parser after this one sees the call exactly as the model wrote it;
-- text outside any message (a model that does not write harmony): content, as it is.
+- text outside any message (a model that does not write harmony): content, as it is;
+- two messages of one kind (two ``analysis`` messages, a preamble then the ``final``): a
+  newline between their bodies, as vLLM's harmony output parse joins them.
 
 The markers are special tokens, so the detokenizer keeps special tokens for this parser.
 Output starts between messages (the prompt ends with ``<|start|>assistant``).
@@ -32,11 +34,12 @@ class HarmonyReasoningParser:
     """Streaming harmony splitter into ``(reasoning, content)`` (see the module docs)."""
 
     needs_special_tokens: ClassVar[bool] = True
-    __slots__ = ("_kind", "_splitter")
+    __slots__ = ("_kind", "_seen", "_splitter")
 
     def __init__(self) -> None:
         self._splitter = HarmonySplitter()
         self._kind = _CONTENT
+        self._seen = [False, False]  # a reasoning / an unwrapped content message began
 
     def _route(self, events: Iterable[tuple[str, str | Header]]) -> tuple[str, str]:
         reasoning: list[str] = []
@@ -46,10 +49,13 @@ class HarmonyReasoningParser:
                 if value.function is not None:
                     self._kind = _VERBATIM
                     content.append(value.raw)
-                elif value.channel == "analysis":
-                    self._kind = _REASONING
-                else:
-                    self._kind = _CONTENT
+                    continue
+                self._kind = _REASONING if value.channel == "analysis" else _CONTENT
+                # messages of one kind are joined by a newline, as vLLM's harmony output
+                # parse joins them (parse_chat_output); streamed the same as whole
+                if self._seen[self._kind]:
+                    (reasoning if self._kind == _REASONING else content).append("\n")
+                self._seen[self._kind] = True
             elif kind == "body":
                 (reasoning if self._kind == _REASONING else content).append(value)
             elif kind == "end":
