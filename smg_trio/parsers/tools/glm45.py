@@ -30,7 +30,10 @@ class Glm45Parser(XmlCallsParser):
     """``<tool_call>get_weather\\n<arg_key>city</arg_key>\\n<arg_value>Paris</arg_value>\\n
     </tool_call>`` (GLM-4.5/4.6; the newlines are optional, as GLM-4.7 omits them)."""
 
-    #: GLM-4.5's vocabulary has its tool tags as special tokens: they must be kept.
+    #: The tags are added tokens; GLM's tokenizers mark them ``special: false``, but
+    #: transformers 5 lists them as extra special tokens. vLLM (its glm45 parser's
+    #: ``adjust_request``) and SGLang (a request with tools) keep special tokens, and so does
+    #: this: the tags reach the parser whichever way a vocabulary marks them.
     needs_special_tokens: ClassVar[bool] = True
     TOOL_CALL = TOOL_CALL
     TOOL_CALL_END = TOOL_CALL_END
