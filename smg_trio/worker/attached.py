@@ -240,16 +240,14 @@ class FrontendManager(WorkerManager):
             stopped.set()
 
     def _report(self, worker: AttachedWorker, generation: int, reason: str) -> None:
-        if self.report_unresponsive is None:
-            return
-        reason = f"frontend {self.client_index}: {reason}"
-        report = self.report_unresponsive
+        if self.report_unresponsive is not None:
+            reason = f"frontend {self.client_index}: {reason}"
+            self._nursery.start_soon(self._send_report, worker.worker_id, generation, reason)
 
-        async def send() -> None:
-            with trio.move_on_after(10):
-                await report(worker.worker_id, generation, reason)
-
-        self._nursery.start_soon(send)
+    async def _send_report(self, worker_id: str, generation: int, reason: str) -> None:
+        assert self.report_unresponsive is not None
+        with trio.move_on_after(10):
+            await self.report_unresponsive(worker_id, generation, reason)
 
     async def wait_attached(self) -> None:
         """Return once every worker the supervisor reports ready is attached here (or
