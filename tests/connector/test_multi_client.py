@@ -57,9 +57,14 @@ def test_the_add_carries_the_client_index() -> None:
 
 @asynccontextmanager
 async def _clients(
-    addresses: WorkerAddresses, count: int, config: MockEngineConfig | None = None
+    addresses: WorkerAddresses,
+    count: int,
+    config: MockEngineConfig | None = None,
+    *,
+    attached: int | None = None,
 ) -> AsyncIterator[tuple[MockEngine, list[EngineClient]]]:
-    """One mock engine; client 0 handshakes with it, clients 1.. attach."""
+    """One mock engine for ``count`` clients; client 0 handshakes with it, clients
+    1..``attached`` - 1 attach (all of them by default)."""
     multi = attrs.evolve(addresses, client_count=count)
     engine = MockEngine(multi.handshake, config or MockEngineConfig())
     async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
@@ -68,7 +73,7 @@ async def _clients(
             open_engine_client(VllmProtocol(), multi, ready_timeout_s=READY_TIMEOUT_S)
         )
         clients = [first]
-        for i in range(1, count):
+        for i in range(1, count if attached is None else attached):
             clients.append(
                 await stack.enter_async_context(
                     attach_engine_client(VllmProtocol(i), multi.for_client(i), first.engines)
@@ -112,36 +117,30 @@ async def test_each_clients_outputs_come_back_on_its_own_socket(
 async def test_a_rebound_client_aborts_its_previous_lifes_requests(
     addresses: WorkerAddresses,
 ) -> None:
-    multi = attrs.evolve(addresses, client_count=2)
-    engine = MockEngine(multi.handshake, MockEngineConfig(step_s=0.005))
+    second_addresses = attrs.evolve(addresses, client_count=2).for_client(1)
     with trio.fail_after(IO_DEADLINE_S):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(engine.run)
-            async with open_engine_client(
-                VllmProtocol(), multi, ready_timeout_s=READY_TIMEOUT_S
-            ) as first:
-                second_addresses = multi.for_client(1)
-                async with (
-                    attach_engine_client(
-                        VllmProtocol(1), second_addresses, first.engines
-                    ) as second,
-                    second.generate(request("orphan", max_tokens=100_000)) as stream,
-                ):
-                    await stream.__anext__()
-                    # The frontend dies: no ABORT leaves it (a dead client sends none).
-                    second.kill("simulated frontend crash")
-                assert "orphan" in engine.active
-                assert engine.aborts == []
-                # Its replacement binds the same addresses; the engine reconnects and delivers
-                # the orphan's outputs there, and the new client ABORTs the id it never sent.
-                async with attach_engine_client(
-                    VllmProtocol(1), second_addresses, first.engines
-                ) as again:
-                    while "orphan" not in engine.aborts:
-                        await engine.abort_event.wait()
-                    assert "orphan" not in engine.active
-                    assert await _collect(again, "fresh") != []
-            nursery.cancel_scope.cancel()
+        async with _clients(addresses, 2, MockEngineConfig(step_s=0.005), attached=1) as (
+            engine,
+            [first],
+        ):
+            async with (
+                attach_engine_client(VllmProtocol(1), second_addresses, first.engines) as second,
+                second.generate(request("orphan", max_tokens=100_000)) as stream,
+            ):
+                await stream.__anext__()
+                # The frontend dies: no ABORT leaves it (a dead client sends none).
+                second.kill("simulated frontend crash")
+            assert "orphan" in engine.active
+            assert engine.aborts == []
+            # Its replacement binds the same addresses; the engine reconnects and delivers
+            # the orphan's outputs there, and the new client ABORTs the id it never sent.
+            async with attach_engine_client(
+                VllmProtocol(1), second_addresses, first.engines
+            ) as again:
+                while "orphan" not in engine.aborts:
+                    await engine.abort_event.wait()
+                assert "orphan" not in engine.active
+                assert await _collect(again, "fresh") != []
 
 
 async def test_a_rebound_client_does_not_keep_its_previous_lifes_load(
@@ -151,35 +150,29 @@ async def test_a_rebound_client_does_not_keep_its_previous_lifes_load(
     the engine's stats of then; once those orphans are ABORTed no later stats need reach this
     client (vLLM sends them with a client's own outputs), so they must not stay its load view
     (they did: the merged /metrics showed the dead frontend's streams as running for good)."""
-    multi = attrs.evolve(addresses, client_count=2)
-    engine = MockEngine(multi.handshake, MockEngineConfig(step_s=0.005))
+    second_addresses = attrs.evolve(addresses, client_count=2).for_client(1)
     with trio.fail_after(IO_DEADLINE_S):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(engine.run)
-            async with open_engine_client(
-                VllmProtocol(), multi, ready_timeout_s=READY_TIMEOUT_S
-            ) as first:
-                second_addresses = multi.for_client(1)
-                async with (
-                    attach_engine_client(
-                        VllmProtocol(1), second_addresses, first.engines
-                    ) as second,
-                    AsyncExitStack() as streams,
-                ):
-                    for rid in ("orphan-a", "orphan-b"):
-                        stream = await streams.enter_async_context(
-                            second.generate(request(rid, max_tokens=100_000))
-                        )
-                        await stream.__anext__()
-                    second.kill("simulated frontend crash")
-                async with attach_engine_client(
-                    VllmProtocol(1), second_addresses, first.engines
-                ) as again:
-                    while not {"orphan-a", "orphan-b"} <= set(engine.aborts):
-                        await engine.abort_event.wait()
-                    assert [load.num_running for load in again.load()] == [0]
-                    assert again.inflight_count == 0
-            nursery.cancel_scope.cancel()
+        async with _clients(addresses, 2, MockEngineConfig(step_s=0.005), attached=1) as (
+            engine,
+            [first],
+        ):
+            async with (
+                attach_engine_client(VllmProtocol(1), second_addresses, first.engines) as second,
+                AsyncExitStack() as streams,
+            ):
+                for rid in ("orphan-a", "orphan-b"):
+                    stream = await streams.enter_async_context(
+                        second.generate(request(rid, max_tokens=100_000))
+                    )
+                    await stream.__anext__()
+                second.kill("simulated frontend crash")
+            async with attach_engine_client(
+                VllmProtocol(1), second_addresses, first.engines
+            ) as again:
+                while not {"orphan-a", "orphan-b"} <= set(engine.aborts):
+                    await engine.abort_event.wait()
+                assert [load.num_running for load in again.load()] == [0]
+                assert again.inflight_count == 0
 
 
 async def test_stats_reach_one_client_and_the_others_still_route(
