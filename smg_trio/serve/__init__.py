@@ -211,6 +211,14 @@ class _EngineRun:
 
     scope: trio.CancelScope | None = None  # the current run; cancelling it stops the engine
     alive: bool = False  # the process is running (not yet reaped)
+    planned: bool = False  # the current run is being stopped to start a fresh one at once
+
+    def relaunch(self) -> None:
+        """Stop the running process so that its supervisor starts a fresh one at once (not
+        counted as an exit): an engine handshakes once per process."""
+        if self.alive and self.scope is not None:
+            self.planned = True
+            self.scope.cancel()
 
 
 async def _supervise_engine(
@@ -242,6 +250,10 @@ async def _supervise_engine(
             run.alive = False
             raise EngineExited(name, -1, ["stopped by smg_trio: its engine client died"])
         except EngineExited as exc:
+            if run.planned:
+                run.planned = False
+                log.info("relaunching the engine for %s for its new registration", url)
+                continue
             if url not in registered:
                 raise
             now = trio.current_time()
@@ -263,6 +275,34 @@ async def _supervise_engine(
                 delay,
             )
             await trio.sleep(delay)
+
+
+async def _follow_launched(manager: WorkerManager, url: str, run: _EngineRun) -> None:
+    """For the life of serve, the worker at a launched engine's ``url``: its engine is
+    stopped to relaunch it when it stalls (:func:`_stop_unresponsive_engine`), and relaunched
+    when a worker is added at ``url`` again after a removal (``DELETE`` then ``POST
+    /workers``, a rolling update): the engine handshook with the first registration only, and
+    the new one waits for a handshake that only a fresh process sends."""
+    current: str | None = None
+    watch = trio.CancelScope()
+    async with trio.open_nursery() as nursery:
+        while True:
+            changed = manager.registry.changed
+            worker = manager.registry.get_by_url(url)
+            if isinstance(worker, WorkerState) and worker.worker_id != current:
+                if current is not None:
+                    log.info("worker %r was added again; relaunching its engine", url)
+                    run.relaunch()
+                current = worker.worker_id
+                watch.cancel()  # the previous worker's watch
+                watch = trio.CancelScope()
+                nursery.start_soon(_watch_engine, worker, run, watch)
+            await changed.wait()
+
+
+async def _watch_engine(worker: WorkerState, run: _EngineRun, scope: trio.CancelScope) -> None:
+    with scope:
+        await _stop_unresponsive_engine(worker, run)
 
 
 async def _stop_unresponsive_engine(worker: WorkerState, run: _EngineRun) -> None:
@@ -420,7 +460,7 @@ async def _serve_in(
                 workers.append(worker)
                 registered.add(spec.url)
                 if spec.url in runs:
-                    nursery.start_soon(_stop_unresponsive_engine, worker, runs[spec.url])
+                    nursery.start_soon(_follow_launched, manager, spec.url, runs[spec.url])
         finally:
             progress.finish()
         discovery = None
