@@ -115,8 +115,15 @@ def resolve_hub_model(
     at = f" at revision {revision!r}" if revision else ""
     try:
         path = snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True)
-    except LocalEntryNotFoundError:
+    except (LocalEntryNotFoundError, IsADirectoryError, NotADirectoryError):
+        # (a revision that names a folder of refs/, as "refs" does when refs/pr/1 is cached:
+        # huggingface_hub opens refs/<revision> as its ref file)
         path = None
+    except OSError as exc:
+        raise HubModelError(
+            f"model {repo_id!r}{at}: its entry in the Hugging Face cache ({cache}) could not "
+            f"be read ({exc.strerror or exc})"
+        ) from exc
     if path is None:
         if hub_offline() or not allow_download:
             why = "HF_HUB_OFFLINE is set" if hub_offline() else "it is not fetched from here"

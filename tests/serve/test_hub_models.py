@@ -196,10 +196,22 @@ async def test_post_workers_revision_picks_the_snapshot_and_is_checked(
         spec = await manager.check_spec(WorkerSpec(url=url, model_id=REPO, revision=MAIN))
         assert spec.model_path is not None
         assert spec.model_path.endswith(MAIN)
-        with pytest.raises(ValidationError) as err:
-            await manager.check_spec(WorkerSpec(url=url, model_path=REPO, revision="v3"))
-        assert err.value.param == "model_path"
-        assert "'v3'" in err.value.message
+        # a PR ref and a nested branch are files under folders of refs/: the folders are no
+        # revision (huggingface_hub opened them as ref files: IsADirectoryError, a 500)
+        refs = hub / "models--acme--tiny-chat" / "refs"
+        (refs / "refs" / "pr").mkdir(parents=True)
+        (refs / "refs" / "pr" / "1").write_text(V2)
+        (refs / "feature").mkdir()
+        (refs / "feature" / "x").write_text(MAIN)
+        for revision, commit in [("refs/pr/1", V2), ("feature/x", MAIN)]:
+            spec = await manager.check_spec(WorkerSpec(url=url, model_id=REPO, revision=revision))
+            assert spec.model_path is not None
+            assert spec.model_path.endswith(commit)
+        for absent in ("v3", "refs", "refs/pr", "feature"):
+            with pytest.raises(ValidationError) as err:
+                await manager.check_spec(WorkerSpec(url=url, model_path=REPO, revision=absent))
+            assert err.value.param == "model_path"
+            assert f"{absent!r} is not in the Hugging Face cache" in err.value.message
         with pytest.raises(ValidationError) as err:
             await manager.check_spec(WorkerSpec(url=url, model_path=REPO, revision=bad))
         assert err.value.param == "revision"

@@ -62,12 +62,9 @@ async def test_a_launched_worker_removed_and_added_again_is_relaunched_and_serve
                     await trio.sleep(0.05)
                 resp = await http.post("/workers", json=spec)
                 assert resp.status_code == 202, resp.text
-                job_id = resp.json()["job_id"]
-                while (job := (await http.get(f"/workers/jobs/{job_id}")).json())[
-                    "status"
-                ] not in ("succeeded", "failed"):
-                    await trio.sleep(0.05)
-                assert job["status"] == "succeeded", job
+                job = handle.manager.jobs[resp.json()["job_id"]]
+                await job.done.wait()
+                assert job.status == "succeeded", job.error
                 reply = await http.post("/v1/chat/completions", json=CHAT)
                 assert reply.status_code == 200, reply.text
             engines = engine_pids(os.getpid())
