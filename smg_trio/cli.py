@@ -143,6 +143,15 @@ def _seconds(*, allow_zero: bool, allow_inf: bool = False) -> Callable[[str], fl
     return parse
 
 
+def _stall_timeout(text: str) -> float:
+    """An argparse type: ``--frontend-stall-timeout-secs`` (0 or inf: off; else at least
+    1 s: below that, a long busy stretch of a healthy loop could read as a stall)."""
+    value = _seconds(allow_zero=True, allow_inf=True)(text)
+    if 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or at least 1 second, got {text}")
+    return value
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     # serve/__init__ (the HTTP app) is heavy; the mock-engine and conformance paths skip it
     from smg_trio.serve.config import (
@@ -162,7 +171,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--frontend-stall-timeout-secs",
-        type=_seconds(allow_zero=True, allow_inf=True),
+        type=_stall_timeout,
         default=DEFAULT_FRONTEND_STALL_TIMEOUT_S,
         help="with --api-server-count above 1: kill and restart a frontend whose event loop "
         "has not run for this long (alive but serving nothing); 0 or inf: never "

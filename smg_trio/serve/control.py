@@ -21,6 +21,7 @@ from smg_trio.worker.manager import WorkerManager, WorkerState
 __all__ = [
     "ADMIN_PATHS",
     "CONTROL_SOCKET",
+    "FRONTEND_BEATS",
     "FRONTEND_READY",
     "RESPONSES_STORE",
     "TABLE_POLL_S",
@@ -36,6 +37,10 @@ log = logging.getLogger(__name__)
 FRONTEND_READY = "smg_trio frontend ready"
 #: The control socket's name in the run directory.
 CONTROL_SOCKET = "control.sock"
+#: A frontend's heartbeats per ``--frontend-stall-timeout-secs``; the supervisor kills it
+#: after the timeout plus one beat's interval of silence, so that a loop that stopped for less
+#: than the timeout is never killed.
+FRONTEND_BEATS = 4
 #: The Responses API's store shared by the frontends, in the run directory.
 RESPONSES_STORE = "responses.sqlite3"
 #: How long one table long-poll waits for a change before it answers unchanged.

@@ -24,6 +24,7 @@ from smg_trio.serve.admin_schema import ADMIN_OPERATIONS
 from smg_trio.serve.config import GatewayConfig
 from smg_trio.serve.control import (
     CONTROL_SOCKET,
+    FRONTEND_BEATS,
     FRONTEND_READY,
     RESPONSES_STORE,
     ControlClient,
@@ -144,7 +145,10 @@ async def _beat(fd: int, interval: float) -> None:
     kills and restarts this frontend (``--frontend-stall-timeout-secs``)."""
     async with trio.lowlevel.FdStream(fd) as beats:
         while True:
-            await beats.send_all(b".")
+            try:
+                await beats.send_all(b".")
+            except trio.BrokenResourceError:
+                return  # the supervisor stopped listening (it is shutting down)
             await trio.sleep(interval)
 
 
@@ -176,7 +180,8 @@ async def run_frontend(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_lifeline)
             if beats is not None:
-                nursery.start_soon(_beat, beats, config.frontend_stall_timeout_s / 4)
+                interval = config.frontend_stall_timeout_s / FRONTEND_BEATS
+                nursery.start_soon(_beat, beats, interval)
             manager = FrontendManager(
                 nursery,
                 client_index=index,

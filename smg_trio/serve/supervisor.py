@@ -16,7 +16,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 
@@ -27,7 +27,7 @@ from smg_trio.gateway.http.app import listen_backlog
 from smg_trio.gateway.openai.responses_shared import create_shared_store
 from smg_trio.protocol.addresses import client_data_plane
 from smg_trio.serve.config import GatewayConfig
-from smg_trio.serve.control import FRONTEND_READY, RESPONSES_STORE
+from smg_trio.serve.control import FRONTEND_BEATS, FRONTEND_READY, RESPONSES_STORE
 from smg_trio.transport.sockdir import ensure_ipc_socket_dir
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager
@@ -39,6 +39,7 @@ __all__ = [
     "FrontendGroup",
     "listening_socket",
     "run_directory",
+    "watch_beats",
 ]
 
 log = logging.getLogger(__name__)
@@ -233,7 +234,10 @@ class FrontendGroup:
                 assert proc.stdout is not None
                 nursery.start_soon(self._read_stdout, proc.stdout, frontend)
                 if beats_r >= 0:
-                    nursery.start_soon(self._watch_beats, beats_r, frontend, proc, stall)
+                    watch = partial(
+                        watch_beats, beats_r, frontend.index, proc, stall, self._stopped
+                    )
+                    nursery.start_soon(watch)
                     beats_r = -1  # the watcher closes it
                 code = await proc.wait()
                 nursery.cancel_scope.cancel()
@@ -243,45 +247,6 @@ class FrontendGroup:
                 os.close(beats_r)
             frontend.process = None
         return code
-
-    async def _watch_beats(
-        self, fd: int, frontend: _Frontend, proc: trio.Process, stall: float
-    ) -> None:
-        """SIGKILL a frontend whose event loop stopped running (a CPU-bound or blocking call
-        that never returns, a deadlock in native code, SIGSTOP): it still holds its
-        connections and engine requests but serves nothing, and only its death lets
-        :meth:`_keep` restart it (its engine requests are then ABORTed). The clock starts
-        at its first beat, so the imports before its loop runs are not timed."""
-        os.set_blocking(fd, False)
-        try:
-            first = True
-            while True:
-                with trio.move_on_after(math.inf if first else stall):
-                    await trio.lowlevel.wait_readable(fd)
-                # read even when the wait timed out: if this loop was the late one, the
-                # beats are there (not the frontend's stall)
-                try:
-                    beat = os.read(fd, 4096)
-                except BlockingIOError:
-                    beat = None
-                if beat == b"":
-                    return  # it exited: _run_once sees to it
-                first = False
-                if beat is not None:
-                    continue
-                if self._stopped():
-                    return  # drain's own deadline decides now
-                log.error(
-                    "frontend %d (pid %d) stalled: its event loop has not run for %.1f s "
-                    "(--frontend-stall-timeout-secs); killing it",
-                    frontend.index,
-                    proc.pid,
-                    stall,
-                )
-                proc.kill()
-                return
-        finally:
-            os.close(fd)
 
     async def _read_stdout(self, stdout: trio.abc.ReceiveStream, frontend: _Frontend) -> None:
         buf = b""
@@ -319,3 +284,47 @@ async def _stop_frontend(proc: trio.Process) -> None:
     with trio.move_on_after(FRONTEND_STOP_GRACE_S):
         await proc.wait()
     proc.kill()
+
+
+async def watch_beats(
+    fd: int, index: int, proc: trio.Process, stall: float, stopped: Callable[[], bool]
+) -> None:
+    """SIGKILL frontend ``index`` (``proc``) once its event loop has not run for ``stall``
+    seconds (a CPU-bound or blocking call that never returns, a deadlock in native code,
+    SIGSTOP): it still holds its connections and engine requests but serves nothing, and only
+    its death lets :meth:`FrontendGroup._keep` restart it (its engine requests are then
+    ABORTed). ``fd``: the heartbeat pipe's read end, closed on return. The clock starts at
+    the first beat, so the imports before the loop runs are not timed; once ``stopped()``
+    (the group drains), a silence ends the watch instead."""
+    os.set_blocking(fd, False)
+    try:
+        first = True
+        # the last beat may have come up to one interval before the loop stopped
+        silence = stall * (1 + 1 / FRONTEND_BEATS)
+        while True:
+            with trio.move_on_after(math.inf if first else silence):
+                await trio.lowlevel.wait_readable(fd)
+            # read even when the wait timed out: if this loop was the late one, the
+            # beats are there (not the frontend's stall)
+            try:
+                beat = os.read(fd, 4096)
+            except BlockingIOError:
+                beat = None
+            if beat == b"":
+                return  # it exited: _run_once sees to it
+            first = False
+            if beat is not None:
+                continue
+            if stopped():
+                return  # drain's own deadline decides now
+            log.error(
+                "frontend %d (pid %d) stalled: its event loop has not run for at least "
+                "%g s (--frontend-stall-timeout-secs); killing it",
+                index,
+                proc.pid,
+                stall,
+            )
+            proc.kill()
+            return
+    finally:
+        os.close(fd)

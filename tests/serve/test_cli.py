@@ -202,6 +202,7 @@ def test_env_value_outside_choices_rejected(monkeypatch: pytest.MonkeyPatch) -> 
         ("--shutdown-grace-period-secs", "inf", "finite"),
         ("--frontend-stall-timeout-secs", "-1", "must be non-negative"),
         ("--frontend-stall-timeout-secs", "nan", "finite"),
+        ("--frontend-stall-timeout-secs", "0.5", "0 (off) or at least 1 second"),
         ("--dp-size", "two", "not an integer"),
     ],
 )
