@@ -393,17 +393,17 @@ async def _serve_in(
             nursery.start_soon(
                 _supervise_engine, launch, url, on_exit, registered, runs[url], force_stop
             )
-            specs.append(
-                WorkerSpec(
-                    url=url,
-                    model_path=model_path,
-                    model_id=config.served_model_name,
-                    runtime_type=runtime,
-                    dp_size=launch.engine_count,
-                    reasoning_parser=config.reasoning_parser,
-                    tool_call_parser=config.tool_call_parser,
-                )
+            spec = WorkerSpec(
+                url=url,
+                model_path=model_path,
+                model_id=config.served_model_name,
+                runtime_type=runtime,
+                dp_size=launch.engine_count,
+                reasoning_parser=config.reasoning_parser,
+                tool_call_parser=config.tool_call_parser,
             )
+            manager.launched[url] = spec
+            specs.append(spec)
         for url in config.worker_urls:
             specs.append(
                 WorkerSpec(

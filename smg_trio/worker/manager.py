@@ -228,6 +228,41 @@ def _resolve_hub_spec(spec: WorkerSpec) -> WorkerSpec:
     )
 
 
+def _check_launched(
+    spec: WorkerSpec, addrs: WorkerAddresses, launched: WorkerSpec, client_count: int
+) -> None:
+    """Refuse a spec at a launched engine's URL that the engine cannot serve: another
+    engine count, wire, handshake address or model than it was started with (its
+    registration would wait for engines or a handshake that never come)."""
+    fixed = worker_addresses(
+        launched.url, launched.zmq_handshake_address, client_count=client_count
+    )
+    same_model = spec.model_path is None or (
+        launched.model_path is not None
+        and os.path.realpath(spec.model_path) == os.path.realpath(launched.model_path)
+    )
+    for param, same, what in (
+        ("dp_size", spec.dp_size == launched.dp_size, f"dp_size {launched.dp_size}"),
+        (
+            "runtime_type",
+            (spec.runtime_type or "vllm") == (launched.runtime_type or "vllm"),
+            f"runtime_type {launched.runtime_type or 'vllm'}",
+        ),
+        (
+            "zmq_handshake_address",
+            addrs.handshake == fixed.handshake,
+            f"its handshake at {fixed.handshake}",
+        ),
+        ("model_path", same_model, f"model_path {launched.model_path}"),
+    ):
+        if not same:
+            raise ValidationError(
+                f"{spec.url} is an engine that serve launched with {what}; a worker added at "
+                "its URL is served by that engine, so it must keep it",
+                param=param,
+            )
+
+
 def _config_max_len(model_dir: ModelDir) -> int | None:
     try:
         cfg = load_model_json(model_dir, "config.json")
@@ -308,6 +343,10 @@ class WorkerManager:
         #: Requests that other processes hold on a worker (the frontends of
         #: ``--api-server-count``): a removal drains them too.
         self.remote_inflight: Callable[[WorkerState], int] | None = None
+        #: The specs of workers whose engines ``serve`` launched, by URL: a worker added at
+        #: one of them again is served by that engine (relaunched), so it must keep what the
+        #: engine was started with (:meth:`validate_spec`).
+        self.launched: dict[str, WorkerSpec] = {}
         self.worker_wait_timeout_s = worker_wait_timeout_s
         self.model_grace_s = model_grace_s
         self.registry = WorkerRegistry()
@@ -487,6 +526,8 @@ class WorkerManager:
                     "set --zmq-advertise-host to the address they should use",
                     param="url",
                 )
+        if (launched := self.launched.get(spec.url)) is not None:
+            _check_launched(spec, addrs, launched, self.client_count)
         model_id = _model_id_for(spec)
         if spec.model_path is None and self.get_model(model_id) is None:
             raise ValidationError(

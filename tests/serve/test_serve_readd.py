@@ -1,6 +1,7 @@
 """A launched worker removed over ``/workers`` and added again at its URL (the rolling update
 of a worker that ``serve`` launched): an engine handshakes once per process, so serve
-relaunches it for the new registration, which becomes ready and serves."""
+relaunches it for the new registration, which becomes ready and serves. A spec the running
+engine cannot serve is refused."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import trio
 from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.serve import EngineLaunchConfig, GatewayConfig, ServeHandle, serve
 from tests.helpers.frontends import with_api_server_count
+from tests.helpers.ipc import free_handshake_address
 from tests.helpers.ports import random_worker_base_port
 from tests.helpers.procs import engine_pids, wait_all_gone
 
@@ -60,6 +62,18 @@ async def test_a_launched_worker_removed_and_added_again_is_relaunched_and_serve
                 assert resp.status_code in (200, 202), resp.text
                 while handle.manager.get_worker(first.worker_id) is not None:  # noqa: ASYNC110
                     await trio.sleep(0.05)
+                # what the running engine was not started with is refused: its registration
+                # would wait for engines or a handshake that never come
+                for field, value in [
+                    ("dp_size", 2),
+                    ("runtime_type", "tokenspeed"),
+                    ("zmq_handshake_address", free_handshake_address()),
+                ]:
+                    resp = await http.post("/workers", json={**spec, field: value})
+                    assert resp.status_code == 400, resp.text
+                    error = resp.json()["error"]
+                    assert error["param"] == field
+                    assert "is an engine that serve launched with" in error["message"]
                 resp = await http.post("/workers", json=spec)
                 assert resp.status_code == 202, resp.text
                 job = handle.manager.jobs[resp.json()["job_id"]]
