@@ -178,8 +178,13 @@ class DiscoveryWatcher:
                 if spec.url in desired:
                     raise ValidationError(f"duplicate entry for url {spec.url}", param="url")
                 spec = await self.manager.check_spec(spec)
-            except ValidationError as exc:
-                log.error("discovery file %s: refused %s: %s", self.path, name, escape(exc.message))
+            except Exception as exc:  # one entry never ends serve
+                if isinstance(exc, ValidationError):
+                    why = exc.message
+                else:  # a fault of ours, not of the file: logged with its traceback
+                    log.exception("discovery file %s: %s failed its checks", self.path, name)
+                    why = f"internal error: {type(exc).__name__}"
+                log.error("discovery file %s: refused %s: %s", self.path, name, escape(why))
                 url = entry.get("url") if isinstance(entry, dict) else None
                 if isinstance(url, str) and url in self.applied and url not in desired:
                     desired[url] = self.applied[url][0]

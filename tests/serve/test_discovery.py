@@ -182,3 +182,34 @@ async def test_the_file_is_watched_toml(ns: IpcNamespace, tmp_path: Path) -> Non
             path.write_text("workers = []\n")
             await updated.wait()
             assert handle.manager.workers == []
+
+
+async def test_an_entry_that_fails_unexpectedly_is_refused_and_serve_goes_on(
+    ns: IpcNamespace,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The whole kind of a fault found once (a hub revision that raised IsADirectoryError in
+    the checks ended serve): whatever an entry's checks raise, that entry is refused with
+    the error logged, and the others and serve go on."""
+    path = tmp_path / "workers.json"
+    path.write_text("[]")
+    a, b = entry(ns, "a"), entry(ns, "b")
+    with trio.fail_after(DEADLINE_S):
+        async with discovering_gateway(ns, path) as (handle, watcher, _):
+            check = handle.manager.check_spec
+
+            async def flaky(spec: Any) -> Any:
+                if spec.url == a["url"]:
+                    raise OSError(21, "Is a directory")
+                return await check(spec)
+
+            monkeypatch.setattr(handle.manager, "check_spec", flaky)
+            path.write_text(json.dumps([a, b]))
+            await watcher.poll_once()
+            assert list(by_url(handle)) == [b["url"]]
+            refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+            assert refused == [
+                f"discovery file {path}: refused entry 0 ({a['url']}): internal error: IsADirectoryError"
+            ]
