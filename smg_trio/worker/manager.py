@@ -504,12 +504,6 @@ class WorkerManager:
                 f"{', '.join(tool_parser_names())}",
                 param="tool_call_parser",
             )
-        if runtime == "tokenspeed" and self.client_count > 1:
-            raise ValidationError(
-                "runtime_type tokenspeed serves one frontend client, and this gateway runs "
-                "several (--api-server-count above 1)",
-                param="runtime_type",
-            )
         try:
             addrs = worker_addresses(
                 spec.url, spec.zmq_handshake_address, client_count=self.client_count
@@ -528,6 +522,12 @@ class WorkerManager:
                 )
         if (launched := self.launched.get(spec.url)) is not None:
             _check_launched(spec, addrs, launched, self.client_count)
+        if runtime == "tokenspeed" and self.client_count > 1:
+            raise ValidationError(
+                "runtime_type tokenspeed serves one frontend client, and this gateway runs "
+                "several (--api-server-count above 1)",
+                param="runtime_type",
+            )
         model_id = _model_id_for(spec)
         if spec.model_path is None and self.get_model(model_id) is None:
             raise ValidationError(
