@@ -34,6 +34,7 @@ from smg_trio.gateway.config import (
     DEFAULT_WRITE_TIMEOUT_S,
     REQUEST_TOKENS_CONTEXTS,
 )
+from smg_trio.logfmt import setup_logging
 from smg_trio.parsers.reasoning import reasoning_parser_names
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.tcp import DEFAULT_HEARTBEAT_IVL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
@@ -46,32 +47,6 @@ __all__ = ["main"]
 log = logging.getLogger("smg_trio")
 
 _ENV_PREFIX = "SMG_TRIO_"
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "ts": round(record.created, 6),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, ensure_ascii=False)
-
-
-def _setup_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for noisy in ("hypercorn.access", "quart.serving"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _default_backend() -> str:
@@ -890,7 +865,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__version__)
         return 0
     _apply_env_and_file(parser, args, argv)
-    _setup_logging(args.log_level, args.log_format)
+    setup_logging(args.log_level, args.log_format)
     args.api_server_count = _check_api_server_count(args)
     config = _config_from_args(args, engine_args)
     try:

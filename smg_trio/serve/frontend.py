@@ -20,6 +20,7 @@ import trio
 from quart_trio import QuartTrio
 
 from smg_trio.gateway.http.app import create_app, gateway_of, serve_http
+from smg_trio.logfmt import setup_logging
 from smg_trio.serve.admin_schema import ADMIN_OPERATIONS
 from smg_trio.serve.config import GatewayConfig
 from smg_trio.serve.control import (
@@ -243,9 +244,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     run_dir, index = args[0], int(args[1])
     beats = int(args[2]) if len(args) == 3 else None
-    logging.basicConfig(
-        level=os.environ.get("SMG_TRIO_FRONTEND_LOG_LEVEL", "INFO"),
-        format=f"%(asctime)s %(levelname)s frontend-{index} %(name)s: %(message)s",
+    setup_logging(
+        os.environ.get("SMG_TRIO_FRONTEND_LOG_LEVEL", "INFO"),
+        os.environ.get("SMG_TRIO_FRONTEND_LOG_FORMAT", "text"),
+        text_format=f"%(asctime)s %(levelname)s frontend-{index} %(name)s: %(message)s",
+        fields={"frontend": index},
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per control call
     config, count, fd = load_config(run_dir)

@@ -25,6 +25,7 @@ import trio
 
 from smg_trio.gateway.http.app import listen_backlog
 from smg_trio.gateway.openai.responses_shared import create_shared_store
+from smg_trio.logfmt import root_log_format
 from smg_trio.protocol.addresses import client_data_plane
 from smg_trio.serve.config import GatewayConfig
 from smg_trio.serve.control import FRONTEND_BEATS, FRONTEND_READY, RESPONSES_STORE
@@ -210,7 +211,11 @@ class FrontendGroup:
             argv.append(str(beats_w))
             pass_fds.append(beats_w)
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
-        env = {**os.environ, "SMG_TRIO_FRONTEND_LOG_LEVEL": level}
+        env = {
+            **os.environ,
+            "SMG_TRIO_FRONTEND_LOG_LEVEL": level,
+            "SMG_TRIO_FRONTEND_LOG_FORMAT": root_log_format(),
+        }
         try:
             async with trio.open_nursery() as nursery:
                 try:

@@ -3,6 +3,7 @@ official ``openai`` client, SIGTERM, clean exit, and no child process left behin
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -95,6 +96,45 @@ async def test_serve_mock_subprocess_sigterm_no_orphans(sock_dir: str, tmp_path:
             await proc.wait()
         for pid in descendants(proc.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("count", [1, 2])
+async def test_log_format_json_writes_only_json_lines(
+    sock_dir: str, tmp_path: Path, count: int
+) -> None:
+    """Every stderr line of serve (its engines' forwarded lines and, at N=2, its frontends'
+    own lines) is one JSON object: hypercorn's "Running on" was printed raw besides (a probe's
+    default hypercorn Config gave its logger a handler of its own), and the frontends wrote
+    text."""
+    stderr_path = tmp_path / "serve.stderr"
+    env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
+    argv = [
+        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock", "--log-format", "json",
+        "--api-server-count", str(count), "--port", str(free_port()),
+        "--worker-base-port", str(random_worker_base_port()),
+    ]  # fmt: skip
+    with stderr_path.open("wb") as stderr:
+        proc = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
+        )
+    children: set[int] = set()
+    try:
+        assert proc.stdout is not None
+        with trio.fail_after(60):
+            await read_until_ready(proc.stdout)
+        children = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            assert await proc.wait() == 0
+    finally:
+        await kill_leftovers(proc, children)
+    lines = stderr_path.read_text(errors="replace").splitlines()
+    docs = [json.loads(line) for line in lines if line.strip()]  # each one JSON, or it raises
+    running = [(d["msg"], d.get("frontend")) for d in docs if "Running on" in d["msg"]]
+    assert running  # the listeners' lines are there, as JSON
+    assert len(set(running)) == len(running)  # each once
+    if count > 1:
+        assert {d.get("frontend") for d in docs} >= {1, 2}
 
 
 async def test_serve_engine_startup_failure_exits_nonzero(sock_dir: str, tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from hypercorn.utils import build_and_validate_headers, parse_socket_addr
 
 from smg_trio.gateway.server.asgi_shield import ASGIApp, Message, Scope
 from smg_trio.gateway.server.direct import GONE, LAST_CHUNK, DirectWriter, frame_chunk
-from smg_trio.gateway.server.fixes import Fix, missing_attrs
+from smg_trio.gateway.server.fixes import Fix, missing_attrs, probe_config
 from smg_trio.gateway.server.hypercorn_close import CLOSE_LOCK_WAIT_S, Connections
 from smg_trio.gateway.server.hypercorn_errors import protocol_error
 
@@ -766,7 +766,7 @@ class FastExchange(DirectWriter):
 
 
 def _probe() -> list[str]:
-    config = Config()
+    config = probe_config()
     return [
         *missing_attrs(
             config,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 
 import attrs
+from hypercorn.config import Config
 
 __all__ = ["Fix", "FixTargetMissing", "missing_attrs", "unset_attrs"]
 
@@ -106,6 +107,16 @@ class Fix:
                     series,
                     installed,
                 )
+
+
+def probe_config() -> Config:
+    """A hypercorn ``Config`` for a probe, logging nowhere: a default one's ``log`` gives
+    the shared ``hypercorn.error`` logger a stderr handler of its own, so that every line
+    after it (the gateway's "Running on" among them) was printed raw besides the gateway's
+    own log (twice in text, once not JSON under ``--log-format json``)."""
+    config = Config()
+    config.errorlog = None
+    return config
 
 
 def missing_attrs(obj: object, names: Iterable[str]) -> list[str]:

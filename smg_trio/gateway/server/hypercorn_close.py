@@ -39,7 +39,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr
 
-from smg_trio.gateway.server.fixes import Fix, missing_attrs
+from smg_trio.gateway.server.fixes import Fix, missing_attrs, probe_config
 
 __all__ = [
     "BLOCKED_WRITE_GRACE_S",
@@ -232,7 +232,7 @@ class ClosingTCPServer(TCPServer):
 
 
 def _probe() -> list[str]:
-    server = TCPServer(None, Config(), WorkerContext(None), {}, None)  # type: ignore[arg-type]
+    server = TCPServer(None, probe_config(), WorkerContext(None), {}, None)  # type: ignore[arg-type]
     missing = missing_attrs(server, ("app", "config", "context", "send_lock", "idle_task"))
     if not isinstance(getattr(server, "send_lock", None), trio.Lock):
         missing.append("TCPServer().send_lock (a trio.Lock)")

@@ -27,7 +27,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
 from smg_trio.gateway.openai.errors import ApiError
-from smg_trio.gateway.server.fixes import Fix, missing_attrs
+from smg_trio.gateway.server.fixes import Fix, missing_attrs, probe_config
 
 __all__ = [
     "FIX",
@@ -151,7 +151,7 @@ _WRAPPER_PARAMETERS: Final = (
 def _probe() -> list[str]:
     proto = H11Protocol(
         None,  # type: ignore[arg-type]
-        Config(),
+        probe_config(),
         WorkerContext(None),
         None,  # type: ignore[arg-type]
         ConnectionState({}),
