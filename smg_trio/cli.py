@@ -158,7 +158,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_PORT,
         help="HTTP port; 0 picks a free one (default %(default)s)",
     )
-    g.add_argument("--served-model-name", help="model id clients send (default: the model path)")
+    g.add_argument(
+        "--served-model-name",
+        help="model id clients send (default: the model path, or the Hugging Face id)",
+    )
     g.add_argument(
         "--policy",
         default=DEFAULT_POLICY,
@@ -822,8 +825,9 @@ async def _run_gateway(config: Any) -> None:
                 # (bench/abort_storm.py): unfrozen, full collections of 25-110 ms stalled the
                 # event loop and with it every ABORT of their round.
                 settle_heap()
-                print(f"smg_trio ready on {handle.base_url} (models: "
-                      f"{', '.join(m.model_id for m in handle.manager.list_models())})", flush=True)  # fmt: skip
+                models = ", ".join(m.model_id for m in handle.manager.list_models())
+                print(f"smg_trio ready on {handle.base_url} (models: {models or 'none yet'})",
+                      flush=True)  # fmt: skip
             watcher.cancel_scope.cancel()  # serve has stopped
 
 

@@ -31,7 +31,10 @@ def parse_api_server_count(text: str) -> int | Literal["auto"]:
     """The flag's value: a positive integer or ``auto``. Raises ``ValueError``."""
     if text.strip().lower() == AUTO:
         return AUTO
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"must be a positive integer or auto, got {text!r}") from None
     if value < 1:
         raise ValueError(f"must be at least 1 or auto, got {value}")
     return value

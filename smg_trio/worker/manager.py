@@ -222,6 +222,15 @@ def _resolve_hub_spec(spec: WorkerSpec) -> WorkerSpec:
         hub = resolve_hub_model(ref, spec.revision, allow_download=False)
     except HubModelError as exc:
         raise ValidationError(str(exc), param=param) from exc
+    log.info(
+        "worker %s: %s %s at %s is Hugging Face snapshot %s (%s)",
+        spec.url,
+        param,
+        ref,
+        spec.revision or "main",
+        hub.commit,
+        hub.path,
+    )
     # the snapshot's directory names its commit: the revision is spent
     return attrs.evolve(
         spec, model_path=hub.path, model_id=spec.model_id or hub.repo_id, revision=None
@@ -565,8 +574,6 @@ class WorkerManager:
         """Validate (raises ``ValidationError``), reserve the worker, and start its registration
         workflow in the manager's nursery. Returns the job at once."""
         runtime, addrs = self.validate_spec(spec)
-        if spec.runtime_type is None:
-            log.warning("worker %r has no runtime_type; assuming vllm", spec.url)
         worker = WorkerState(
             url=spec.url,
             model_id=_model_id_for(spec),
@@ -581,6 +588,8 @@ class WorkerManager:
         except WorkerConflictError as exc:
             param = "url" if exc.existing_url == spec.url else "zmq_handshake_address"
             raise ConflictError(str(exc), param=param, code="worker_conflict") from exc
+        if spec.runtime_type is None:
+            log.info("worker %r has no runtime_type: vllm", spec.url)
         job = RegistrationJob(job_id=str(uuid.uuid4()), spec=spec, worker_id=worker.worker_id)
         self.jobs.add(job)
         self._nursery.start_soon(self._run_registration, job, worker)
@@ -917,6 +926,7 @@ class WorkerManager:
         worker = self.get_worker(worker_id)
         if worker is None:
             return False
+        log.info("removing worker %r (%s): draining it", worker.url, worker_id)
         worker.status = "draining"
         remote = self.remote_inflight
         if worker.inflight > 0 or (remote is not None and remote(worker) > 0):
