@@ -63,7 +63,7 @@ def _api_server_count(text: str) -> int | str:
     try:
         return parse_api_server_count(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or auto: {exc}") from None
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _check_api_server_count(args: argparse.Namespace) -> int:
