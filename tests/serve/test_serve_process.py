@@ -29,6 +29,17 @@ openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 
 
+async def _open_serve(sock_dir: str, stderr_path: Path, *args: str) -> trio.Process:
+    """``python -m smg_trio serve --backend mock ARGS`` with its stdout piped (the ready line)
+    and its stderr in ``stderr_path``."""
+    env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "smg_trio", "serve", "--backend", "mock", *args]
+    with stderr_path.open("wb") as stderr:
+        return await trio.lowlevel.open_process(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
+        )
+
+
 def _chat(base_url: str) -> tuple[str, str]:
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
     try:
@@ -57,16 +68,11 @@ def _chat(base_url: str) -> tuple[str, str]:
 async def test_serve_mock_subprocess_sigterm_no_orphans(sock_dir: str, tmp_path: Path) -> None:
     port = free_port()
     stderr_path = tmp_path / "serve.stderr"
-    env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
-    argv = [
-        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock", *serve_args(),
-        "--port", str(port), "--worker-base-port", str(random_worker_base_port()),
+    proc = await _open_serve(
+        sock_dir, stderr_path, *serve_args(), "--port", str(port),
+        "--worker-base-port", str(random_worker_base_port()),
         "--dp-size", "2", "--shutdown-grace-period-secs", "5",
-    ]  # fmt: skip
-    with stderr_path.open("wb") as stderr:
-        proc = await trio.lowlevel.open_process(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
-        )
+    )  # fmt: skip
     try:
         assert proc.stdout is not None
         with trio.fail_after(60):
@@ -107,16 +113,10 @@ async def test_log_format_json_writes_only_json_lines(
     default hypercorn Config gave its logger a handler of its own), and the frontends wrote
     text."""
     stderr_path = tmp_path / "serve.stderr"
-    env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
-    argv = [
-        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock", "--log-format", "json",
-        "--api-server-count", str(count), "--port", str(free_port()),
-        "--worker-base-port", str(random_worker_base_port()),
-    ]  # fmt: skip
-    with stderr_path.open("wb") as stderr:
-        proc = await trio.lowlevel.open_process(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
-        )
+    proc = await _open_serve(
+        sock_dir, stderr_path, "--log-format", "json", "--api-server-count", str(count),
+        "--port", str(free_port()), "--worker-base-port", str(random_worker_base_port()),
+    )  # fmt: skip
     children: set[int] = set()
     try:
         assert proc.stdout is not None
@@ -157,16 +157,10 @@ async def test_serve_sigkill_leaves_no_engine_behind(sock_dir: str, tmp_path: Pa
     """``serve`` killed with SIGKILL runs no cleanup of its own, yet each engine's guard sees
     its lifeline pipe close and stops the engine's process group."""
     port = free_port()
-    env = {**os.environ, "SMG_ZMQ_SOCKET_DIR": sock_dir, "PYTHONUNBUFFERED": "1"}
-    argv = [
-        sys.executable, "-m", "smg_trio", "serve", "--backend", "mock", *serve_args(),
-        "--port", str(port), "--worker-base-port", str(random_worker_base_port()),
-        "--dp-size", "2",
-    ]  # fmt: skip
-    with (tmp_path / "serve.stderr").open("wb") as stderr:
-        proc = await trio.lowlevel.open_process(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
-        )
+    proc = await _open_serve(
+        sock_dir, tmp_path / "serve.stderr", *serve_args(), "--port", str(port),
+        "--worker-base-port", str(random_worker_base_port()), "--dp-size", "2",
+    )  # fmt: skip
     children: set[int] = set()
     try:
         assert proc.stdout is not None
