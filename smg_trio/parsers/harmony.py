@@ -26,7 +26,8 @@ __all__ = ["CALL", "END", "MESSAGE", "RETURN", "START", "Header", "HarmonySplitt
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 END, CALL, RETURN, CONSTRAIN = "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"
 
-#: Longest header kept while waiting for ``<|message|>``; a longer one is not harmony.
+#: Longest header (up to its ``<|message|>``) kept while waiting for it; a longer one is not
+#: harmony.
 MAX_HEADER_CHARS = 1024
 
 _OPENERS = (START, CHANNEL)
@@ -104,12 +105,14 @@ class HarmonySplitter:
                 self._state = _HEADER
             elif self._state == _HEADER:
                 i = buf.find(MESSAGE)
+                # not a header (plain text after all) once <|message|> cannot start within
+                # the cap: decided on the text alone, so streamed and whole agree
+                if i > MAX_HEADER_CHARS or (i < 0 and len(buf) >= MAX_HEADER_CHARS + len(MESSAGE)):
+                    self._state = _OUTSIDE
+                    yield "text", buf[:1]
+                    buf = buf[1:]
+                    continue
                 if i < 0:
-                    if len(buf) > MAX_HEADER_CHARS:  # not a header: plain text after all
-                        self._state = _OUTSIDE
-                        yield "text", buf[:1]
-                        buf = buf[1:]
-                        continue
                     self._held = buf
                     return
                 yield "header", Header.parse(buf[: i + len(MESSAGE)])

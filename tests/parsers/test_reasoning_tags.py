@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from smg_trio.mock.tiny_model import build_tiny_model
+from smg_trio.parsers.harmony import MAX_HEADER_CHARS
 from smg_trio.parsers.reasoning import (
     ReasoningParser,
     TagParser,
@@ -183,6 +184,22 @@ def test_streaming_matches_whole(name: str) -> None:
     for _ in range(800):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
         assert _stream(fmt(), _chunks(text, rng)) == split(fmt, text), text
+
+
+@pytest.mark.parametrize("pad", [MAX_HEADER_CHARS - 40, MAX_HEADER_CHARS + 40])
+def test_harmony_headers_near_the_cap_stream_as_whole(pad: int) -> None:
+    """A header is at most MAX_HEADER_CHARS up to its ``<|message|>``: a longer one is text.
+    Streamed, that was decided on how far the text had come (a long header that completes
+    was text), whole on the whole header (a header): they differed."""
+    rng = random.Random(5)
+    fmt = get_reasoning_format("openai").start("", None)
+    assert fmt is not None
+    text = f"<|channel|>analysis{' ' * pad}<|message|>why<|end|>" + HARMONY
+    whole = split(fmt, text)
+    assert ("why" in whole[0]) == (pad < MAX_HEADER_CHARS)  # a header below the cap
+    for _ in range(50):
+        assert _stream(fmt(), _chunks(text, rng)) == whole
+    assert _stream(fmt(), list(text)) == whole
 
 
 def test_registry_names_and_errors() -> None:
