@@ -79,6 +79,10 @@ _OUTPUT_BURST = 16
 #: Ids retired by an abort are remembered so that an engine that registered the request late
 #: (its ABORT raced ahead of registration) is told again when its output shows up.
 _ABORTED_MEMORY = 4096
+#: An aborted id's outputs that keep arriving are ABORTed again at most this often: a
+#: restarted frontend finds many output batches of each orphan queued for it, and told again
+#: for every one, the engine got a burst of ABORTs for one request.
+REABORT_INTERVAL_S = 0.25
 
 
 class AbortGroup:
@@ -144,6 +148,8 @@ class EngineClient:
         )
         self._registry: dict[str, _Entry] = {}
         self._aborted: OrderedDict[str, bytes] = OrderedDict()
+        #: When each aborted id was last told ABORT again (:data:`REABORT_INTERVAL_S`).
+        self._reaborted: OrderedDict[str, float] = OrderedDict()
         self._send_lock = trio.StrictFIFOLock()
         self._silence_timeout_s = silence_timeout_s
         self._grace_s = (
@@ -257,7 +263,9 @@ class EngineClient:
         slot = self._router.reserve(rid, request.data_parallel_rank)
         entry = _Entry(rid, slot, self._identities[slot], self._router.indices[slot])
         self._registry[rid] = entry
-        self._aborted.pop(rid, None)
+        if self._aborted:
+            self._aborted.pop(rid, None)
+            self._reaborted.pop(rid, None)
         if len(self._registry) == 1:
             self._last_output = trio.current_time()
         group = ABORT_GROUP.get()
@@ -361,6 +369,19 @@ class EngineClient:
         self._router.release(entry.rank, entry.request_id)
         if not entry.finished and entry.sent and entry.rank not in self._lost:
             self._remember_aborted(entry.request_id, entry.identity)
+
+    def _may_reabort(self, request_id: str) -> bool:
+        """Whether to tell the engine ABORT again for an aborted id whose output arrived: not
+        within :data:`REABORT_INTERVAL_S` of the last time."""
+        now = trio.current_time()
+        last = self._reaborted.get(request_id)
+        if last is not None and now - last < REABORT_INTERVAL_S:
+            return False
+        self._reaborted[request_id] = now
+        self._reaborted.move_to_end(request_id)
+        if len(self._reaborted) > _ABORTED_MEMORY:
+            self._reaborted.popitem(last=False)
+        return True
 
     def _remember_aborted(self, request_id: str, identity: bytes) -> None:
         self._aborted[request_id] = identity
@@ -698,10 +719,12 @@ class EngineClient:
                     )
                 if identity is not None:
                     if out.finish_reason is None:
-                        reabort = reabort or {}
-                        reabort.setdefault(identity, {})[out.request_id] = None
+                        if self._may_reabort(out.request_id):
+                            reabort = reabort or {}
+                            reabort.setdefault(identity, {})[out.request_id] = None
                     else:
                         self._aborted.pop(out.request_id, None)
+                        self._reaborted.pop(out.request_id, None)
                 continue
             entry.put(out)
             to_wake[entry] = None

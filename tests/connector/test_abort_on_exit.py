@@ -187,6 +187,30 @@ async def test_reaborts_of_one_output_batch_go_in_one_message(addresses: WorkerA
                 assert (await _expect(engine, ADD))[0] == "probe"
 
 
+@pytest.mark.parametrize("interval", [60.0, 0.0])
+async def test_an_orphans_queued_outputs_bring_one_abort_per_interval(
+    addresses: WorkerAddresses, monkeypatch: pytest.MonkeyPatch, interval: float
+) -> None:
+    """A restarted frontend finds many output batches of its previous life's request queued
+    for it: the engine is told ABORT once per REABORT_INTERVAL_S, not once per batch (it was
+    once per batch: harmless, but a burst of ABORTs for one request). With no interval, each
+    batch is told again, as before."""
+    monkeypatch.setattr(client_mod, "REABORT_INTERVAL_S", interval)
+    engine = RawEngine(addresses.handshake)
+    with trio.fail_after(IO_DEADLINE_S):
+        async with raw_serving(addresses, engine) as client:
+            for step in range(5):
+                await engine.push_vllm(vllm_output("orphan", [step]))
+            await wait_until(lambda: "orphan" in client._aborted)
+            await trio.testing.wait_all_tasks_blocked()
+            aborts = 5 if interval == 0 else 1
+            for _ in range(aborts):
+                assert await _expect(engine, ABORT) == ["orphan"]
+            # nothing else was sent for it: the next message is the probe's ADD
+            async with client.generate(request("probe")):
+                assert (await _expect(engine, ADD))[0] == "probe"
+
+
 async def test_every_abort_arrives_when_many_streams_vanish_at_once(
     addresses: WorkerAddresses,
 ) -> None:
