@@ -209,7 +209,11 @@ async def test_an_entry_that_fails_unexpectedly_is_refused_and_serve_goes_on(
             path.write_text(json.dumps([a, b]))
             await watcher.poll_once()
             assert list(by_url(handle)) == [b["url"]]
-            refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+            refused = [
+                r.getMessage()
+                for r in caplog.records
+                if r.name == "smg_trio.serve.discovery" and "refused" in r.getMessage()
+            ]
             assert refused == [
                 f"discovery file {path}: refused entry 0 ({a['url']}): internal error: IsADirectoryError"
             ]

@@ -209,7 +209,7 @@ async def test_manager_logs_urls_escaped(
         assert job.status == "failed"
         nursery.cancel_scope.cancel()
     lines = [r.getMessage() for r in caplog.records]
-    assert f"worker 'ipc://{SOCK}/w' has no runtime_type; assuming vllm" in lines
+    assert f"worker 'ipc://{SOCK}/w' has no runtime_type: vllm" in lines
     assert not await trio.Path(SOCK).exists()  # refused in load_tokenizer: connect never ran
 
 
