@@ -223,7 +223,7 @@ def _resolve_hub_spec(spec: WorkerSpec) -> WorkerSpec:
     except HubModelError as exc:
         raise ValidationError(str(exc), param=param) from exc
     log.info(
-        "worker %s: %s %s at %s is Hugging Face snapshot %s (%s)",
+        "worker %r: %s %s at %s is Hugging Face snapshot %s (%s)",
         spec.url,
         param,
         ref,
