@@ -147,9 +147,9 @@ class EngineClient:
             shared_load,
         )
         self._registry: dict[str, _Entry] = {}
-        self._aborted: OrderedDict[str, bytes] = OrderedDict()
-        #: When each aborted id was last told ABORT again (:data:`REABORT_INTERVAL_S`).
-        self._reaborted: OrderedDict[str, float] = OrderedDict()
+        #: Aborted ids: their engine's identity, and when the engine was last told ABORT
+        #: again for a late output (:data:`REABORT_INTERVAL_S`).
+        self._aborted: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
         self._send_lock = trio.StrictFIFOLock()
         self._silence_timeout_s = silence_timeout_s
         self._grace_s = (
@@ -263,9 +263,7 @@ class EngineClient:
         slot = self._router.reserve(rid, request.data_parallel_rank)
         entry = _Entry(rid, slot, self._identities[slot], self._router.indices[slot])
         self._registry[rid] = entry
-        if self._aborted:
-            self._aborted.pop(rid, None)
-            self._reaborted.pop(rid, None)
+        self._aborted.pop(rid, None)
         if len(self._registry) == 1:
             self._last_output = trio.current_time()
         group = ABORT_GROUP.get()
@@ -370,21 +368,17 @@ class EngineClient:
         if not entry.finished and entry.sent and entry.rank not in self._lost:
             self._remember_aborted(entry.request_id, entry.identity)
 
-    def _may_reabort(self, request_id: str) -> bool:
+    def _may_reabort(self, request_id: str, identity: bytes) -> bool:
         """Whether to tell the engine ABORT again for an aborted id whose output arrived: not
         within :data:`REABORT_INTERVAL_S` of the last time."""
         now = trio.current_time()
-        last = self._reaborted.get(request_id)
-        if last is not None and now - last < REABORT_INTERVAL_S:
+        if now - self._aborted[request_id][1] < REABORT_INTERVAL_S:
             return False
-        self._reaborted[request_id] = now
-        self._reaborted.move_to_end(request_id)
-        if len(self._reaborted) > _ABORTED_MEMORY:
-            self._reaborted.popitem(last=False)
+        self._aborted[request_id] = (identity, now)
         return True
 
     def _remember_aborted(self, request_id: str, identity: bytes) -> None:
-        self._aborted[request_id] = identity
+        self._aborted[request_id] = (identity, -math.inf)
         if len(self._aborted) > _ABORTED_MEMORY:
             self._aborted.popitem(last=False)
 
@@ -707,7 +701,8 @@ class EngineClient:
         for out in batch.outputs:
             entry = registry.get(out.request_id)
             if entry is None:
-                identity = self._aborted.get(out.request_id)
+                known = self._aborted.get(out.request_id)
+                identity = known[0] if known is not None else None
                 if identity is None and out.finish_reason is None and slot is not None:
                     # An id this client never sent, still running: a previous life's request
                     # (this frontend restarted, and the engine kept its outputs for this
@@ -719,12 +714,11 @@ class EngineClient:
                     )
                 if identity is not None:
                     if out.finish_reason is None:
-                        if self._may_reabort(out.request_id):
+                        if self._may_reabort(out.request_id, identity):
                             reabort = reabort or {}
                             reabort.setdefault(identity, {})[out.request_id] = None
                     else:
                         self._aborted.pop(out.request_id, None)
-                        self._reaborted.pop(out.request_id, None)
                 continue
             entry.put(out)
             to_wake[entry] = None

@@ -204,7 +204,7 @@ class FrontendGroup:
         lifeline_r, lifeline_w = os.pipe()
         argv = [sys.executable, "-m", "smg_trio.serve.frontend", self.run_dir, str(frontend.index)]
         pass_fds = [self._listen.fileno()]
-        # ... and its event loop writes a byte to this one every so often (_watch_beats).
+        # ... and its event loop writes a byte to this one every so often (watch_beats).
         stall = self.config.frontend_stall_timeout_s
         beats_r, beats_w = os.pipe() if 0 < stall < math.inf else (-1, -1)
         if beats_w >= 0:
