@@ -46,6 +46,7 @@ __all__ = [
     "RequestCall",
     "bearer_matches",
     "json_response",
+    "new_response_id",
 ]
 
 if TYPE_CHECKING:
@@ -98,6 +99,12 @@ def bearer_matches(authorization: str, key: bytes) -> bool:
 
 def _random_id() -> str:
     return secrets.token_hex(16)
+
+
+def new_response_id(prefix: str) -> str:
+    """A response id the server makes: ``prefix`` and 50 random hex digits (200 bits, the
+    shape of OpenAI's ``resp_...`` ids)."""
+    return f"{prefix}{secrets.token_hex(25)}"
 
 
 class Gateway:
@@ -231,6 +238,7 @@ class RequestCall:
         *,
         envelope: Envelope | None = None,
         x_api_key: bool = False,
+        server_ids: bool = False,
     ) -> None:
         self.gw = gw
         #: The error body of this API (OpenAI's unless it has its own).
@@ -240,7 +248,14 @@ class RequestCall:
         self.request = request
         self.request_id = gw.request_id(request)
         rid = self.request_id
-        self.response_id = rid if rid.startswith(id_prefix) else f"{id_prefix}{rid}"
+        #: The client's request id under the API's prefix: the base of the engine ids, so a
+        #: client's id correlates in logs and on the engine; never the id of a stored object.
+        self.client_ref = rid if rid.startswith(id_prefix) else f"{id_prefix}{rid}"
+        #: The response's ``id``. An API that stores its responses (``server_ids``) gets one
+        #: the server makes, random and unguessable, as OpenAI's are: a client's
+        #: ``x-request-id`` chose it before, so a second client sending the same header
+        #: replaced a stored conversation (issue 28 item 4).
+        self.response_id = new_response_id(id_prefix) if server_ids else self.client_ref
         self.created = int(time.time())
         self.start = time.perf_counter()
         self.first_batch: float | None = None
@@ -306,7 +321,7 @@ class RequestCall:
     def reserve_ids(self) -> ResponseIds:
         """The response's ids, with a fresh engine request id base: the response id plus a
         gateway-unique suffix."""
-        self.engine_id = self.gw.engine_id(self.response_id)
+        self.engine_id = self.gw.engine_id(self.client_ref)
         return ResponseIds(self.response_id, self.created, self.engine_id)
 
     async def lease(self, model_id: str) -> WorkerLease:

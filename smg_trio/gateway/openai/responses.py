@@ -206,6 +206,8 @@ class ResponsesApi:
     store: ResponseStoreLike | None = None
     name = "responses"
     id_prefix = "resp_"
+    #: Its responses are stored objects: their ids are the server's, never the client's.
+    server_ids = True
     body_type = ResponsesRequest
 
     def check(
