@@ -358,6 +358,10 @@ class TokenSpeedProtocol:
         """TokenSpeed has no wave protocol."""
         return None
 
+    def encode_utility(self, call_id: int, method: str, args: Sequence[Any]) -> list[bytes] | None:
+        """TokenSpeed has no utility calls (its input loop takes ADD and ABORT only)."""
+        return None
+
     def decode_batch(self, frames: Frames) -> EngineBatch:
         """See :func:`decode_batch`."""
         return decode_batch(frames)
