@@ -337,6 +337,8 @@ class TokenSpeedProtocol:
             raise ValidationError("seed must be a non-negative 63-bit integer", param="seed")
         if s.structured_outputs is not None:
             build_sampling_params(request)
+        if request.priority:
+            raise UnsupportedField("priority", "TokenSpeed", "its request carries no priority")
 
     def encode_add(self, request: GenerateRequest) -> list[bytes]:
         """``[ADD, TokenizedGenerateReqInput prefix]``."""

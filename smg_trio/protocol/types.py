@@ -179,6 +179,8 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     data_parallel_rank: int | None = None
     stream: bool = True
     arrival_time: float = 0.0
+    #: vLLM's request priority: lower is scheduled first under ``--scheduling-policy priority``.
+    priority: int = 0
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):

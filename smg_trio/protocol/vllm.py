@@ -406,6 +406,7 @@ class VllmProtocol:
             arrival_time=request.arrival_time,
             data_parallel_rank=request.data_parallel_rank,
             client_index=self.client_index,
+            priority=request.priority,
         )
         return [ADD, encoder.encode(wire)]
 

@@ -265,11 +265,13 @@ class RequestCall:
 
     async def read_body(self, type_: type[T]) -> T:
         """Auth, then ``Content-Type`` (415 unless ``application/json``, parameters such as
-        ``charset`` allowed), then a slot under ``--max-concurrent-requests`` (429 when none
-        frees in time), then the body (413 too large, 408 too slow), decoded into ``type_``
-        (400 naming the field). The slot comes before the body, so the bodies held in memory
-        are bounded by the admission limits (an upload is bounded in time by the body
-        timeout). While draining: 503 before the body is read, so a stopping gateway spends
+        ``charset`` allowed), then a slot under ``--max-concurrent-requests`` or a place in
+        its bounded queue (429 when neither), then the body (413 too large, 408 too slow),
+        decoded into ``type_`` (400 naming the field), then, queued, the slot: waiters are
+        served by the body's ``priority`` (lower first), then arrival (429 when none frees in
+        time; see :class:`AdmissionGate`). The slot or place comes before the body, so the
+        bodies held in memory are bounded by the admission limits (an upload is bounded in
+        time by the body timeout). While draining: 503 before the body is read, so a stopping gateway spends
         nothing (reading, tokenizing) on requests it will refuse."""
         self.gw.check_auth(self.request, x_api_key=self._x_api_key)
         if self.gw.backend.draining:
@@ -282,7 +284,7 @@ class RequestCall:
                 "only application/json is accepted",
                 code="unsupported_media_type",
             )
-        await self.gw.admission.enter(self)
+        self.gw.admission.arrive(self)  # a slot, or a bounded queue place (else 429)
         self._admitted = True
         try:
             data = await self.request.get_data(cache=False)
@@ -291,7 +293,10 @@ class RequestCall:
         if not isinstance(data, bytes):
             data = data.encode()
         self.body_bytes = len(data)
-        return decode_body(data, type_)
+        body = decode_body(data, type_)
+        # the wait for a slot is ordered by the body's priority (vLLM's: lower first)
+        await self.gw.admission.wait_turn(self, getattr(body, "priority", None) or 0)
+        return body
 
     async def tokenize(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (chat-template rendering, encoding) inline for a small request, or in a
