@@ -91,9 +91,10 @@ class MockUtility:
         return self.paused
 
     def _u_sleep(self, level: int = 1, mode: str = "abort") -> None:
+        # vLLM pauses the scheduler first: an executor that then refuses leaves it paused
+        self._u_pause_scheduler(mode, clear_cache=level >= 1)
         if not self.sleep_mode:
             raise ValueError("Sleep mode is not enabled")
-        self._u_pause_scheduler(mode, clear_cache=level >= 1)
         if level >= 1:
             self.sleeping_tags |= {"weights", "kv_cache"}
 

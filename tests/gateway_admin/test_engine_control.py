@@ -198,7 +198,10 @@ async def test_engine_refusal_is_a_4xx_naming_the_worker(ns: IpcNamespace, model
             resp = await c.http.post("/sleep")
             err = assert_error(resp, 400, c.worker.worker_id, "Sleep mode is not enabled")
             assert err["code"] == "engine_refused"
-            assert c.worker.held is None  # refused: still routable
+            # as vLLM's, the engine paused its scheduler before refusing: still held
+            assert c.worker.held == "sleeping"
+            assert (await c.http.get("/is_sleeping")).json()["is_sleeping"] is True
+            assert (await c.http.post("/wake_up")).json()["status"] == "awake"
             assert (await c.chat()).status_code == 200
 
 
@@ -208,6 +211,10 @@ async def test_tokenspeed_worker_is_a_4xx_naming_it(ns: IpcNamespace, model_dir:
             resp = await c.http.post("/reset_prefix_cache")
             err = assert_error(resp, 400, c.worker.worker_id, "tokenspeed")
             assert err["code"] == "unsupported_by_engine"
+            # a refused sleep that left the engine running puts the worker back at once
+            assert_error(await c.http.post("/sleep"), 400, c.worker.worker_id)
+            assert c.worker.held is None
+            assert (await c.chat()).status_code == 200
 
 
 async def test_bad_input(ns: IpcNamespace, model_dir: Path) -> None:
