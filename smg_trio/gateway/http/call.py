@@ -284,8 +284,19 @@ class RequestCall:
                 "only application/json is accepted",
                 code="unsupported_media_type",
             )
-        self.gw.admission.arrive(self)  # a slot, or a bounded queue place (else 429)
+        gate = self.gw.admission
+        gate.arrive(self)  # a slot, or a bounded queue place (else 429)
         self._admitted = True
+        length = self.request.headers.get("content-length")
+        if not gate.may_read_body(self, int(length) if length and length.isdigit() else None):
+            await gate.wait_turn(self)  # a body over the queue's budget: unread, priority 0
+            return await self._read_decode(type_)
+        body = await self._read_decode(type_)
+        # the wait for a slot is ordered by the body's priority (vLLM's: lower first)
+        await gate.wait_turn(self, getattr(body, "priority", None) or 0)
+        return body
+
+    async def _read_decode(self, type_: type[T]) -> T:
         try:
             data = await self.request.get_data(cache=False)
         except HTTPException as exc:
@@ -293,10 +304,7 @@ class RequestCall:
         if not isinstance(data, bytes):
             data = data.encode()
         self.body_bytes = len(data)
-        body = decode_body(data, type_)
-        # the wait for a slot is ordered by the body's priority (vLLM's: lower first)
-        await self.gw.admission.wait_turn(self, getattr(body, "priority", None) or 0)
-        return body
+        return decode_body(data, type_)
 
     async def tokenize(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (chat-template rendering, encoding) inline for a small request, or in a
