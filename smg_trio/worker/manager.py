@@ -143,6 +143,7 @@ class WorkerState(Worker):
         self.client = client
         if client is not None:
             self.generation += 1
+            self.held = None  # a new engine (a restart) is awake, whatever its last life was
         changed, self.client_changed = self.client_changed, trio.Event()
         changed.set()
         self.changed()

@@ -174,6 +174,20 @@ async def test_is_sleeping_takes_the_engines_word(ns: IpcNamespace, model_dir: P
             assert c.worker.held is None
 
 
+async def test_a_restarted_engine_is_awake(ns: IpcNamespace, model_dir: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with control_server(ns, model_dir) as c:
+            assert (await c.http.post("/sleep")).status_code == 200
+            old = c.worker.generation
+            c.engines[0].die_silently()
+            fresh = MockEngine(c.engines[0].handshake_address, MockEngineConfig())
+            c.nursery.start_soon(fresh.run)
+            while c.worker.generation == old or not c.worker.healthy:
+                await c.manager.registry.changed.wait()  # the fresh engine's handshake
+            assert c.worker.held is None
+            assert (await c.chat()).status_code == 200
+
+
 async def test_never_answering_engine_is_a_504_naming_it(ns: IpcNamespace, model_dir: Path) -> None:
     with trio.fail_after(DEADLINE_S):
         async with control_server(ns, model_dir, dp=2) as c:
