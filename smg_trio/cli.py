@@ -427,6 +427,14 @@ def _parser() -> argparse.ArgumentParser:
         "level and with its [engine-PORT] prefix (default %(default)s)",
     )
     s.add_argument(
+        "--scheduling-policy",
+        choices=["fcfs", "priority"],
+        default=None,
+        help="vLLM's scheduling policy, passed to the vLLM engines (unless given after '--'): "
+        "'priority' serves requests by their 'priority' field, lower first (default: vLLM's, "
+        "fcfs). The gateway's admission queue orders by priority either way",
+    )
+    s.add_argument(
         "--mock-script",
         metavar="FILE",
         help="with --backend mock: a JSON or TOML file of rules that answer matching prompts "
@@ -625,6 +633,20 @@ def _check_mock_script(path: str, tok: Any) -> None:
         _usage_error(str(exc))
 
 
+def _scheduling_policy_args(policy: str | None, backend: str, engine_args: list[str]) -> list[str]:
+    """``--scheduling-policy`` for the engine command: vLLM's flag, unless the engine
+    arguments after '--' already set it (theirs wins); TokenSpeed has no such policy."""
+    if policy is None:
+        return []
+    if backend == "tokenspeed":
+        _usage_error("--scheduling-policy is vLLM's; TokenSpeed has no request priority")
+    if backend != "vllm" or any(
+        a == "--scheduling-policy" or a.startswith("--scheduling-policy=") for a in engine_args
+    ):
+        return []  # the mock steps every request at once; given after '--': as given
+    return ["--scheduling-policy", policy]
+
+
 def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 
@@ -725,6 +747,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             )
         elif args.mock_script is not None:
             _usage_error(f"--mock-script needs --backend mock, not {backend}")
+        extra += _scheduling_policy_args(args.scheduling_policy, backend, extra)
         if model is None:
             raise SystemExit(f"serve --backend {backend} needs --model DIR")
         _check_model_dir(model, "--model")

@@ -22,6 +22,8 @@ __all__ = [
     "SocketDirError",
     "UnexpectedHandshakeMessage",
     "UnsupportedField",
+    "UtilityCallFailed",
+    "UtilityUnsupported",
     "ValidationError",
     "TransportError",
     "WorkerAddressError",
@@ -88,6 +90,26 @@ class SocketDirError(EngineError):
 
 class WorkerAddressError(SmgError, ValueError):
     """A worker URL or handshake override is invalid (must be ``ipc://`` / ``tcp://``)."""
+
+
+class UtilityCallFailed(EngineError):
+    """The engine answered a utility call with a failure (vLLM ``UtilityOutput.failure_message``,
+    e.g. sleep mode not enabled); the engine itself is fine."""
+
+    def __init__(self, method: str, rank: int, message: str) -> None:
+        super().__init__(f"engine {rank} refused {method}: {message}")
+        self.method = method
+        self.rank = rank
+        self.failure_message = message
+
+
+class UtilityUnsupported(EngineError):
+    """The engine's wire has no utility calls (TokenSpeed)."""
+
+    def __init__(self, engine: str, method: str) -> None:
+        super().__init__(f"{engine} engines take no utility calls ({method})")
+        self.engine = engine
+        self.method = method
 
 
 class ClientClosed(EngineError):

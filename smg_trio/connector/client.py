@@ -10,19 +10,23 @@ import math
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import attrs
 import trio
 
 from smg_trio.connector.routing import RankRouter, SharedRankLoad, WaveClock
 from smg_trio.connector.stream import RequestStream, _Entry
+from smg_trio.connector.utility import UtilityCalls
 from smg_trio.errors import (
     ClientClosed,
     DecodeError,
     DuplicateRequestId,
     EngineDeadError,
     HandshakeError,
+    InvalidDataParallelRank,
     TransportError,
+    UtilityUnsupported,
 )
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.protocol.handshake import EngineCoreReadyResponse
@@ -187,6 +191,8 @@ class EngineClient:
         #: Requests given outputs (or ended) by the messages drained so far in this wake-up of
         #: the output loop, woken once they are all in (:meth:`_wake_queued`).
         self._to_wake: dict[_Entry, None] = {}
+        #: Utility calls waiting for their engine's answer.
+        self._utility = UtilityCalls()
 
     # -- introspection -------------------------------------------------------------------
 
@@ -237,6 +243,40 @@ class EngineClient:
     def wave(self) -> int | None:
         """The lockstep wave clock, or ``None`` for independent ranks."""
         return None if self._waves is None else self._waves.wave
+
+    @property
+    def utility_pending(self) -> int:
+        """Utility calls waiting for an answer."""
+        return len(self._utility)
+
+    # -- utility calls ---------------------------------------------------------------------
+
+    async def call_utility(self, method: str, *args: Any, rank: int | None = None) -> Any:
+        """Call engine ``method(*args)`` on the engine of DP rank ``rank`` (the first engine
+        when ``None``) and return its result, as vLLM's ``call_utility_async`` does.
+
+        Unbounded: the caller bounds the wait with a cancel scope; cancelled, the call leaves
+        no pending entry (a late answer is dropped). Raises ``UtilityUnsupported`` (an engine
+        wire with no utility calls), ``InvalidDataParallelRank``, ``UtilityCallFailed`` (the
+        engine answered with a failure), ``EngineDeadError``/``ClientClosed`` (the client,
+        or that rank, is gone or goes while waiting)."""
+        self._check_open()
+        slot = 0 if rank is None else self._router.slot_for_index(rank)
+        if slot is None:
+            raise InvalidDataParallelRank(rank if rank is not None else 0, len(self.engines))
+        index = self._router.indices[slot]
+        if slot in self._lost or self._router.down[slot]:
+            raise EngineDeadError(f"engine {index} is not connected")
+        call = self._utility.open(method, slot, index)
+        try:
+            frames = self.protocol.encode_utility(call.call_id, method, args)
+            if frames is None:
+                raise UtilityUnsupported(self.protocol.name, method)
+            await self._send(self._identities[slot], frames)
+            await call.done.wait()
+            return call.outcome()
+        finally:
+            self._utility.discard(call)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -462,6 +502,7 @@ class EngineClient:
         registry, self._registry = self._registry, {}
         for entry in registry.values():
             entry.close(error)
+        self._utility.fail(error)
         self._router.clear()
         self.dead_event.set()
         if self._recv_scope is not None:
@@ -603,6 +644,7 @@ class EngineClient:
             self._die(error)
             return
         log.error("%s; %d other rank(s) still serving", error, len(self.engines) - len(self._lost))
+        self._utility.fail(error, slot)
         registry = self._registry
         for rid, entry in list(registry.items()):
             if entry.rank == slot:
@@ -683,6 +725,8 @@ class EngineClient:
     def _dispatch_batch(self, batch: EngineBatch) -> None:
         router = self._router
         slot = router.slot_for_index(batch.engine_index)
+        if batch.utility is not None:
+            self._utility.resolve(batch.utility)
         if batch.load is not None and slot is not None:
             load = batch.load
             if batch.outputs and not router.inflight[slot]:
@@ -828,6 +872,7 @@ class EngineClient:
         registry, self._registry = self._registry, {}
         for entry in registry.values():
             entry.close(ClientClosed("engine client closed"))
+        self._utility.fail(ClientClosed("engine client closed"))
         self._router.clear()
 
 

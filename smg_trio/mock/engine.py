@@ -26,6 +26,7 @@ import trio
 from smg_trio.codec.msgpack import decode, encoder
 from smg_trio.codec.tensor import encode_tensor_inline
 from smg_trio.mock.script import MockScript, MockScriptError, load_script
+from smg_trio.mock.utility import MockUtility
 from smg_trio.protocol import tokenspeed as ts
 from smg_trio.protocol import vllm
 from smg_trio.protocol.handshake import EngineCoreReadyResponse, encode_ready_response
@@ -134,6 +135,9 @@ class MockEngine:
         self._out_locks: list[trio.StrictFIFOLock] = []
         self.dead = trio.Event()
         self._hard_killed = False
+        #: Utility calls (vLLM): sleep, pause, reset_prefix_cache... (:mod:`smg_trio.mock.utility`).
+        self.utility = MockUtility(on_pause=self._on_pause)
+        self._abort_on_pause = False
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -272,8 +276,41 @@ class MockEngine:
                 self.waves.append((wave, exclude))
                 if exclude != self.config.engine_index and wave >= self._current_wave:
                     self._current_wave = wave
+            elif kind == b"\x03" and self.config.protocol == "vllm":
+                await self._on_utility(payload)
             else:
                 log.warning("mock: ignoring request type %r", kind)
+
+    async def _on_utility(self, payload: bytes) -> None:
+        """A UTILITY call ``[client_index, call_id, method, args]``: answered on that client's
+        output socket with ``utility_output``, after the outputs of the requests a pause
+        aborted (as vLLM finishes a pause)."""
+        client, call_id, method, args = decode(payload, tuple[int, int, str, list[Any]])
+        answer = self.utility.call(method, args)
+        if self._abort_on_pause:
+            self._abort_on_pause = False
+            aborted: list[tuple[MockRequest, list[int], str | None, int | str | None]] = [
+                (req, [], "abort", None) for req in self.active.values()
+            ]
+            self.active.clear()
+            self.finished.extend(r.request_id for r, *_ in aborted)
+            if aborted:
+                await self._send_vllm(aborted)
+        self._wake.set()  # a resume or wake-up lets the step loop go on
+        if answer is None or not 0 <= client < self.client_count:
+            return
+        failure, result = answer
+        out = [call_id, failure, None if failure is not None else [None, result]]
+        env = vllm.EngineCoreOutputs(
+            engine_index=self.config.engine_index,
+            timestamp=trio.current_time(),
+            utility_output=out,
+        )
+        await self._push([encoder.encode(env)], client)
+
+    def _on_pause(self, mode: str) -> None:
+        if mode == "abort":
+            self._abort_on_pause = True
 
     def _parse_add(self, payload: bytes) -> MockRequest | None:
         cfg = self.config
@@ -386,7 +423,7 @@ class MockEngine:
         while True:
             if self._stalled:
                 await self._resume.wait()
-            if not self.active and self._garbage == 0:
+            if (not self.active or self.utility.holding) and self._garbage == 0:
                 if not self._last_idle_sent:
                     await self._send_idle()
                     self._last_idle_sent = True

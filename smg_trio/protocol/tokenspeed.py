@@ -337,6 +337,8 @@ class TokenSpeedProtocol:
             raise ValidationError("seed must be a non-negative 63-bit integer", param="seed")
         if s.structured_outputs is not None:
             build_sampling_params(request)
+        if request.priority:
+            raise UnsupportedField("priority", "TokenSpeed", "its request carries no priority")
 
     def encode_add(self, request: GenerateRequest) -> list[bytes]:
         """``[ADD, TokenizedGenerateReqInput prefix]``."""
@@ -356,6 +358,10 @@ class TokenSpeedProtocol:
 
     def encode_start_wave(self, wave: int) -> list[bytes] | None:
         """TokenSpeed has no wave protocol."""
+        return None
+
+    def encode_utility(self, call_id: int, method: str, args: Sequence[Any]) -> list[bytes] | None:
+        """TokenSpeed has no utility calls (its input loop takes ADD and ABORT only)."""
         return None
 
     def decode_batch(self, frames: Frames) -> EngineBatch:

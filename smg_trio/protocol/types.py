@@ -20,6 +20,7 @@ __all__ = [
     "SamplingOptions",
     "StructuredOutputs",
     "TokenLogprobs",
+    "UtilityReply",
 ]
 
 #: Frames of one ZMQ multipart message (``bytes`` or zero-copy ``memoryview``/``zmq.Frame`` buffers).
@@ -88,12 +89,22 @@ class EngineOutput(msgspec.Struct, gc=False):
     error: EngineError | None = None
 
 
+class UtilityReply(msgspec.Struct, frozen=True, gc=False):
+    """An engine's answer to one utility call (vLLM ``UtilityOutput``): ``failure_message``
+    set when the call failed, else ``result`` (the method's return value, plain msgpack)."""
+
+    call_id: int
+    failure_message: str | None = None
+    result: Any = None
+
+
 class EngineBatch(msgspec.Struct, gc=False):
     """One decoded output message of one engine.
 
     ``finished_request_ids`` lists ids finished in this batch, including out-of-band ones
     (vLLM ``finished_requests``). ``load`` is present only when the engine reported one.
     ``wave_complete``/``start_wave`` are vLLM DP wave events (lockstep MoE groups only).
+    ``utility`` is the answer to a utility call, when the message carries one.
     """
 
     engine_index: int
@@ -102,6 +113,7 @@ class EngineBatch(msgspec.Struct, gc=False):
     load: EngineLoad | None = None
     wave_complete: int | None = None
     start_wave: int | None = None
+    utility: UtilityReply | None = None
 
 
 class StructuredOutputs(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -167,6 +179,8 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     data_parallel_rank: int | None = None
     stream: bool = True
     arrival_time: float = 0.0
+    #: vLLM's request priority: lower is scheduled first under ``--scheduling-policy priority``.
+    priority: int = 0
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
@@ -206,6 +220,9 @@ class EngineProtocol(Protocol):
 
     def encode_start_wave(self, wave: int) -> list[bytes] | None:
         """``[type_byte, payload]`` for START_DP_WAVE, or ``None`` when the engine has no waves."""
+
+    def encode_utility(self, call_id: int, method: str, args: Sequence[Any]) -> list[bytes] | None:
+        """``[type_byte, payload]`` for a utility call, or ``None`` when the engine has none."""
 
     def decode_batch(self, frames: Frames) -> EngineBatch:
         """Decode one output message (``frames[0]`` payload, aux frames after). Raises

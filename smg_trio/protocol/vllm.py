@@ -34,6 +34,7 @@ from smg_trio.protocol.types import (
     SamplingOptions,
     StructuredOutputs,
     TokenLogprobs,
+    UtilityReply,
 )
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "VllmProtocol",
     "build_sampling_params",
     "decode_outputs",
+    "decode_utility_output",
     "resolve_logprobs",
 ]
 
@@ -244,11 +246,30 @@ def _output(o: EngineCoreOutput, frames: Frames) -> EngineOutput:
     return out
 
 
+def decode_utility_output(wire: Any) -> UtilityReply:
+    """vLLM ``UtilityOutput`` ``[call_id, failure_message, result]``, where ``result`` is
+    ``UtilityResult`` as vLLM's encoder writes it, ``[type_info, value]`` (``type_info`` is nil
+    unless the engine allows insecure serialization; the value is kept as plain msgpack
+    either way). Raises ``DecodeError``."""
+    if not isinstance(wire, (list, tuple)) or not wire or not isinstance(wire[0], int):
+        raise DecodeError(f"utility_output must be [call_id, failure, result], got {wire!r:.80}")
+    failure = wire[1] if len(wire) > 1 else None
+    if failure is not None and not isinstance(failure, str):
+        raise DecodeError("utility_output failure_message must be a string or nil")
+    result = wire[2] if len(wire) > 2 else None
+    value = None
+    if result is not None:
+        if not isinstance(result, (list, tuple)) or len(result) != 2:
+            raise DecodeError("utility_output result must be [type_info, value]")
+        value = result[1]
+    return UtilityReply(wire[0], failure, value)
+
+
 def decode_outputs(frames: Frames) -> EngineBatch:
     """Decode one ``EngineCoreOutputs`` message (frame 0, aux tensor frames after).
 
-    An envelope with only ``utility_output`` decodes to an empty batch (utility results are not
-    used). Raises ``DecodeError``.
+    An envelope with ``utility_output`` carries it as the batch's ``utility``. Raises
+    ``DecodeError``.
     """
     env = decode(frames[0], EngineCoreOutputs)
     stats = env.scheduler_stats
@@ -269,6 +290,7 @@ def decode_outputs(frames: Frames) -> EngineBatch:
         load,
         env.wave_complete,
         env.start_wave,
+        None if env.utility_output is None else decode_utility_output(env.utility_output),
     )
 
 
@@ -384,6 +406,7 @@ class VllmProtocol:
             arrival_time=request.arrival_time,
             data_parallel_rank=request.data_parallel_rank,
             client_index=self.client_index,
+            priority=request.priority,
         )
         return [ADD, encoder.encode(wire)]
 
@@ -394,6 +417,11 @@ class VllmProtocol:
     def encode_start_wave(self, wave: int) -> list[bytes] | None:
         """``[START_DP_WAVE, msgpack([wave, nil])]`` (no excluded rank)."""
         return [START_DP_WAVE, encoder.encode([wave, None])]
+
+    def encode_utility(self, call_id: int, method: str, args: Sequence[Any]) -> list[bytes]:
+        """``[UTILITY, msgpack([client_index, call_id, method, args])]``: the engine answers on
+        this client's output socket with a ``utility_output`` of ``call_id``."""
+        return [UTILITY, encoder.encode((self.client_index, call_id, method, tuple(args)))]
 
     def decode_batch(self, frames: Frames) -> EngineBatch:
         """See :func:`decode_outputs`."""

@@ -24,6 +24,7 @@ from smg_trio.serve.commands import (
 from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 from smg_trio.serve.control import CONTROL_SOCKET, control_app
 from smg_trio.serve.discovery import DiscoveryWatcher
+from smg_trio.serve.engine_control import add_engine_control_routes
 from smg_trio.serve.launcher import EngineExited, run_engine_process
 from smg_trio.serve.progress import StartupProgress
 from smg_trio.serve.supervisor import FrontendGroup, _Slots, listening_socket, run_directory
@@ -425,6 +426,7 @@ async def _serve_in(
         admin = admin_blueprint(
             manager, admin_api_key=admin_key, allow_insecure=config.allow_insecure_admin
         )
+        add_engine_control_routes(admin, manager)
         run_dir: str | None = None
         if config.api_server_count > 1:
             run_dir = stack.enter_context(

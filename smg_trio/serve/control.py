@@ -16,6 +16,7 @@ from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 
 from smg_trio.gateway.openai.errors import ApiError
+from smg_trio.serve.engine_control import ENGINE_CONTROL_PATHS
 from smg_trio.worker.manager import WorkerManager, WorkerState
 
 __all__ = [
@@ -51,6 +52,7 @@ ADMIN_PATHS = (
     ("/workers/<worker_id>", ("GET", "DELETE")),
     ("/workers/jobs/<job_id>", ("GET",)),
     ("/get_loads", ("GET",)),
+    *ENGINE_CONTROL_PATHS,
 )
 #: Response headers of an admin answer that the frontend passes on.
 _PASSED_HEADERS = ("content-type", "location", "www-authenticate", "retry-after")
@@ -81,6 +83,7 @@ def _worker_entry(worker: WorkerState, slot: int) -> dict[str, Any]:
         "reasoning_parser": spec.reasoning_parser,
         "handshake": worker.addresses.handshake,
         "status": worker.status,
+        "held": worker.held,
         "last_error": worker.last_error,
         "generation": worker.generation,
         "max_model_len": worker.metadata.get("max_model_len"),

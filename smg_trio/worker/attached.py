@@ -64,6 +64,8 @@ class AttachedWorker(WorkerState):
         if entry.get("status") == "draining" and self.status in ("ready", "unhealthy"):
             self.status = "draining"
         self.metadata.update(entry.get("metadata") or {})
+        held = entry.get("held")
+        self.held = held if held in ("sleeping", "paused") else None  # engine control
         changed, self.entry_changed = self.entry_changed, trio.Event()
         changed.set()
 

@@ -143,6 +143,7 @@ class WorkerState(Worker):
         self.client = client
         if client is not None:
             self.generation += 1
+            self.held = None  # a new engine (a restart) is awake, whatever its last life was
         changed, self.client_changed = self.client_changed, trio.Event()
         changed.set()
         self.changed()
@@ -174,6 +175,7 @@ class WorkerState(Worker):
             "model_id": self.model_id,
             "runtime_type": self.runtime,
             "status": self.status,
+            "held": self.held,
             "healthy": self.healthy,
             "dp_size": self.dp_size,
             "zmq_handshake_address": self.handshake_address,
@@ -418,6 +420,7 @@ class WorkerManager:
         registry = self.registry
         if self._draining or registry.workers_for(model_id, exclude):
             return
+        self._check_not_held(model_id)
         with trio.move_on_after(self.worker_wait_timeout_s):
             while model_id in self.known_models():
                 changed = registry.changed
@@ -429,6 +432,17 @@ class WorkerManager:
             f"no ready worker for model {model_id!r} (waited up to "
             f"{self.worker_wait_timeout_s:g} s)"
         )
+
+    def _check_not_held(self, model_id: str) -> None:
+        """A model whose workers are held asleep or paused (engine control) and none other is
+        ready gets its 503 at once: no worker comes back before an admin wakes one."""
+        workers = self.registry.list(model_id)
+        held = sorted({w.held for w in workers if w.held is not None})
+        if held and not any(w.status in ("pending", "ready") and w.held is None for w in workers):
+            raise NoWorkerAvailable(
+                f"every worker of model {model_id!r} is {' or '.join(held)} "
+                "(an admin wakes it with /wake_up or /resume)"
+            )
 
     @contextmanager
     def lease(self, model_id: str, exclude: Collection[str] = ()) -> Iterator[WorkerLease]:

@@ -17,6 +17,7 @@ from smg_trio.worker.policies import LoadBalancingPolicy
 
 __all__ = [
     "ROUTABLE_STATUS",
+    "Held",
     "Runtime",
     "Worker",
     "WorkerConflictError",
@@ -34,6 +35,10 @@ WorkerStatus = Literal["pending", "ready", "unhealthy", "draining", "removed"]
 
 #: The only status in which a worker receives new requests.
 ROUTABLE_STATUS: Final = "ready"
+
+#: An engine control call holds a ready worker out of routing: put to sleep or paused (the
+#: admin routes ``/sleep``, ``/pause``) until woken or resumed.
+Held = Literal["sleeping", "paused"]
 
 
 class WorkerConflictError(SmgError):
@@ -83,6 +88,8 @@ class Worker:
         loads: The engines' latest load snapshot, one per DP rank.
         on_change: Called after every ``status`` change (the registry that holds the worker
             sets it, to wake :meth:`WorkerRegistry.changed` waiters).
+        held: Set while an engine control call holds the worker out of routing (asleep or
+            paused); it then takes no requests and does not count as ready.
 
     Raises:
         ValueError: an unknown ``runtime`` or ``status``, or ``dp_size < 1``.
@@ -107,6 +114,7 @@ class Worker:
     inflight: int = 0
     loads: tuple[EngineLoad, ...] = ()
     on_change: Callable[[], None] | None = attrs.field(default=None, repr=False)
+    held: Held | None = attrs.field(default=None, on_setattr=_status_set)
 
     def changed(self) -> None:
         """Tell the registry something routing depends on changed (status, engine client)."""
@@ -115,8 +123,9 @@ class Worker:
 
     @property
     def healthy(self) -> bool:
-        """Routable: ``ready`` and the circuit breaker allows a request."""
-        return self.status == ROUTABLE_STATUS and self.circuit.allow()
+        """Routable: ``ready``, not held (asleep or paused), and the circuit breaker allows a
+        request."""
+        return self.status == ROUTABLE_STATUS and self.held is None and self.circuit.allow()
 
     def load_score(self) -> float:
         """``max(inflight, Σ running + waiting)`` over the DP ranks, as smg's ZMQ connector

@@ -280,11 +280,13 @@ class RequestCall:
 
     async def read_body(self, type_: type[T]) -> T:
         """Auth, then ``Content-Type`` (415 unless ``application/json``, parameters such as
-        ``charset`` allowed), then a slot under ``--max-concurrent-requests`` (429 when none
-        frees in time), then the body (413 too large, 408 too slow), decoded into ``type_``
-        (400 naming the field). The slot comes before the body, so the bodies held in memory
-        are bounded by the admission limits (an upload is bounded in time by the body
-        timeout). While draining: 503 before the body is read, so a stopping gateway spends
+        ``charset`` allowed), then a slot under ``--max-concurrent-requests`` or a place in
+        its bounded queue (429 when neither), then the body (413 too large, 408 too slow),
+        decoded into ``type_`` (400 naming the field), then, queued, the slot: waiters are
+        served by the body's ``priority`` (lower first), then arrival (429 when none frees in
+        time; see :class:`AdmissionGate`). The slot or place comes before the body, so the
+        bodies held in memory are bounded by the admission limits (an upload is bounded in
+        time by the body timeout). While draining: 503 before the body is read, so a stopping gateway spends
         nothing (reading, tokenizing) on requests it will refuse."""
         self.gw.check_auth(self.request, x_api_key=self._x_api_key)
         if self.gw.backend.draining:
@@ -297,8 +299,19 @@ class RequestCall:
                 "only application/json is accepted",
                 code="unsupported_media_type",
             )
-        await self.gw.admission.enter(self)
+        gate = self.gw.admission
+        gate.arrive(self)  # a slot, or a bounded queue place (else 429)
         self._admitted = True
+        length = self.request.headers.get("content-length")
+        if not gate.may_read_body(self, int(length) if length and length.isdigit() else None):
+            await gate.wait_turn(self)  # a body over the queue's budget: unread, priority 0
+            return await self._read_decode(type_)
+        body = await self._read_decode(type_)
+        # the wait for a slot is ordered by the body's priority (vLLM's: lower first)
+        await gate.wait_turn(self, getattr(body, "priority", None) or 0)
+        return body
+
+    async def _read_decode(self, type_: type[T]) -> T:
         try:
             data = await self.request.get_data(cache=False)
         except HTTPException as exc:

@@ -35,7 +35,8 @@ FIELD_MAP: tuple[tuple[str, str], ...] = (
     ("`tools`, `tool_choice`, `parallel_tool_calls`", "function tools only; `tool_choice` auto (needs `--enable-auto-tool-choice --tool-call-parser NAME`), none, required and a named function (a JSON constraint, counted as the request's one structured output): see the `tool_choice` rows and [tools.md](tools.md)"),
     ("`data_parallel_rank`", "sent; must name one of the worker's engines"),
     ("`n`", "n single-sample sub-requests `{id}-{i}` in one nursery; at most `max_n`"),
-    ("`best_of` > 1, `use_beam_search`, `truncate_prompt_tokens`, `priority` != 0, `suffix`, chat `echo`, ", "400 naming the field (not supported by this gateway)"),
+    ("`priority`", "vLLM: sent (lower is served first under the engine's `--scheduling-policy priority`); a signed 64-bit integer; the gateway's admission queue orders by it on every engine. TokenSpeed: != 0 is a 400 (its request has no priority)"),
+    ("`best_of` > 1, `use_beam_search`, `truncate_prompt_tokens`, `suffix`, chat `echo`, ", "400 naming the field (not supported by this gateway)"),
 )  # fmt: skip
 
 

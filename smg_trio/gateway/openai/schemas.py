@@ -46,6 +46,8 @@ PositiveInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
+#: vLLM's ``priority`` (lower is served first): the wire's signed 64-bit integer.
+Priority = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -92,11 +94,11 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     guided_grammar: str | None = None
     data_parallel_rank: NonNegInt | None = None
     prompt_logprobs: NonNegInt | None = None
+    priority: Priority | None = 0
     # Known fields this gateway cannot honour: rejected when set, never silently dropped.
     best_of: int | None = None
     use_beam_search: bool | None = False
     truncate_prompt_tokens: int | None = None
-    priority: int | None = 0
     user: str | None = None
 
 

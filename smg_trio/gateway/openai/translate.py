@@ -72,6 +72,9 @@ class Plan:
     hidden_stop_ids: frozenset[int]
     data_parallel_rank: int | None
     logprobs: LogprobRequest
+    #: vLLM's request priority: lower is served first (by the engine under
+    #: ``--scheduling-policy priority``; by the gateway's admission queue always).
+    priority: int = 0
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> ValidationError:
@@ -90,8 +93,6 @@ def _reject_unsupported(body: SamplingRequest) -> None:
         raise _bad(
             "truncate_prompt_tokens is not supported", "truncate_prompt_tokens", "unsupported_field"
         )
-    if body.priority:
-        raise _bad("request priority is not supported", "priority", "unsupported_field")
 
 
 #: Most stop strings per request. OpenAI allows 4 and vLLM sets no limit; each one is matched
@@ -342,6 +343,7 @@ def build_plan(
         hidden_stop_ids=frozenset(hidden),
         data_parallel_rank=body.data_parallel_rank,
         logprobs=logprobs,
+        priority=body.priority or 0,
     )
 
 
@@ -458,6 +460,7 @@ def build_requests(
             extra_eos_token_ids=list(served.extra_eos_token_ids),
             data_parallel_rank=plan.data_parallel_rank,
             arrival_time=now,
+            priority=plan.priority,
         )
         served.protocol.validate(req)
         out.append(req)
