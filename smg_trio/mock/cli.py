@@ -15,9 +15,8 @@ from smg_trio.mock.engine import (
     MockEngineConfig,
     run_until_signal,
 )
-from smg_trio.mock.kv_publisher import parse_kv_events_config
+from smg_trio.mock.kv_publisher import KvEventPublisher, parse_kv_events_config
 from smg_trio.mock.script import MockScript, MockScriptError, load_script
-from smg_trio.protocol.kv_events import offset_endpoint_port
 
 __all__ = ["main"]
 
@@ -161,8 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
         if kv_events.zmq_enabled:
-            try:
-                offset_endpoint_port(kv_events.endpoint, args.engine_index)
+            try:  # the endpoints offset by the DP rank (an ipc one cannot be)
+                KvEventPublisher(kv_events, args.engine_index)
             except ValueError as exc:
                 parser.error(f"--kv-events-config: {exc}")
         else:

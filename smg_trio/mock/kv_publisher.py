@@ -77,10 +77,10 @@ def _binds(endpoint: str) -> bool:
 
 
 def _bind(sock: zmq.Socket[bytes], endpoint: str) -> str:
-    if endpoint == "tcp://*:0":
-        sock.bind("tcp://127.0.0.1:0")
+    """Bind ``endpoint``; return it, or with a free port (``:0``, ``:*``) the port bound."""
+    sock.bind("tcp://127.0.0.1:0" if endpoint == "tcp://*:0" else endpoint)
+    if endpoint.startswith("tcp://") and endpoint.endswith((":0", ":*")):
         return sock.getsockopt_string(zmq.LAST_ENDPOINT)
-    sock.bind(endpoint)
     return endpoint
 
 

@@ -53,7 +53,8 @@ def test_store_publishes_new_blocks_chained_to_their_parent() -> None:
     cache.store(prompt)  # nothing new: no event
     first, second = cache.take_events()
     hashes = block_hashes(5, prompt, BS)
-    assert isinstance(first, BlockStored) and isinstance(second, BlockStored)
+    assert isinstance(first, BlockStored)
+    assert isinstance(second, BlockStored)
     assert first.block_hashes == hashes[:2]
     assert first.parent_block_hash is None
     assert first.token_ids == prompt[:32]
@@ -115,10 +116,12 @@ def test_stats_count_queries_and_hits_per_step_and_reset_clears_all() -> None:
 def test_no_capacity_or_no_events() -> None:
     off = PrefixCache(BS, 0, seed=1)
     off.store(_prompt(1, 64))
-    assert len(off) == 0 and off.take_events() == []
+    assert len(off) == 0
+    assert off.take_events() == []
     quiet = PrefixCache(BS, 10, seed=1, events=False)
     quiet.store(_prompt(1, 64))
-    assert len(quiet) == 4 and quiet.take_events() == []
+    assert len(quiet) == 4
+    assert quiet.take_events() == []
 
 
 async def _first_output(
