@@ -505,12 +505,13 @@ class MockEngine:
     def _prefill(self) -> int:
         """Look up and cache the prompts of the requests admitted since the last step; return
         how many prompt tokens they had uncached (the prefill's work)."""
+        new = [req for req in self.active.values() if req.cached_tokens is None]
         uncached = 0
-        for req in self.active.values():
-            if req.cached_tokens is None:
-                req.cached_tokens = self.cache.lookup(req.prompt_token_ids)
-                self.cache.store(req.prompt_token_ids)
-                uncached += len(req.prompt_token_ids) - req.cached_tokens
+        for req in new:  # all looked up first: a block is cached once its step computed it
+            req.cached_tokens = self.cache.lookup(req.prompt_token_ids)
+            uncached += len(req.prompt_token_ids) - req.cached_tokens
+        for req in new:
+            self.cache.store(req.prompt_token_ids)
         return uncached
 
     # -- output encoding -----------------------------------------------------------------
