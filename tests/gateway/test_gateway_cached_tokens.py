@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from smg_trio.gateway.config import GatewayHttpConfig
 from tests.helpers.gateway import DEADLINE_S, Harness, HarnessFactory
@@ -111,3 +112,23 @@ async def test_messages_report_cache_reads(harness: HarnessFactory) -> None:
         async with harness(block_size=BS) as h:
             usage = (await h.post("/v1/messages", body, headers=headers)).json()["usage"]
             assert "cache_read_input_tokens" not in usage
+
+
+async def test_metrics_count_the_engines_prefix_cache_queries_and_hits(
+    harness: HarnessFactory,
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(block_size=BS) as h:
+            await _chat(h)
+            usage = (await _chat(h))["usage"]
+            res = await h.http.get("/metrics")
+            assert res.status_code == 200
+            fams = {f.name: f for f in text_string_to_metric_families(res.text)}
+    samples = {
+        name: [s.value for s in fams[name].samples if s.name == name + "_total"]
+        for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+    }
+    prompt = usage["prompt_tokens"]
+    assert samples["vllm:prefix_cache_queries"] == [2 * prompt]
+    assert samples["vllm:prefix_cache_hits"] == [_cacheable(prompt)]
+    assert fams["vllm:prefix_cache_hits"].samples[0].labels == {"model_name": "M"}
