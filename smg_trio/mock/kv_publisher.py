@@ -19,8 +19,10 @@ queues (up to ``max_queue_size`` batches; past it a batch is dropped and counted
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -161,6 +163,10 @@ class KvEventPublisher:
             pub.close(linger_ms=0)
             if replay is not None:
                 replay.close(linger_ms=0)
+            for bound in (endpoint, replay_endpoint):  # libzmq leaves an ipc file behind
+                if bound is not None and bound.startswith("ipc://"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(bound.removeprefix("ipc://"))
 
     async def _publish_loop(self, pub: ZmqSocket) -> None:
         async for batch in self._recv:

@@ -88,6 +88,8 @@ async def test_ready_response_announces_the_resolved_config(
     with trio.fail_after(IO_DEADLINE_S):
         async with serving(addresses, MockEngineConfig(kv_events=cfg)) as (client, _):
             announced = decode_kv_events_config(client.ready_responses[0].kv_events_config)
+            assert await trio.Path(ipc.directory, "kv").exists()
+    assert not await trio.Path(ipc.directory, "kv").exists()  # the engine removed its file
     assert announced is not None
     assert announced.zmq_enabled
     assert announced.engine_binds
