@@ -507,11 +507,13 @@ class MockEngine:
         how many prompt tokens they had uncached (the prefill's work)."""
         new = [req for req in self.active.values() if req.cached_tokens is None]
         uncached = 0
-        for req in new:  # all looked up first: a block is cached once its step computed it
-            req.cached_tokens = self.cache.lookup(req.prompt_token_ids)
-            uncached += len(req.prompt_token_ids) - req.cached_tokens
-        for req in new:
-            self.cache.store(req.prompt_token_ids)
+        cache = self.cache
+        hashes = [cache.hashes(req.prompt_token_ids) for req in new]
+        for req, h in zip(new, hashes, strict=True):  # all looked up before any is cached:
+            req.cached_tokens = cache.lookup(req.prompt_token_ids, h)  # a block is cached
+            uncached += len(req.prompt_token_ids) - req.cached_tokens  # once it is computed
+        for req, h in zip(new, hashes, strict=True):
+            cache.store(req.prompt_token_ids, h)
         return uncached
 
     # -- output encoding -----------------------------------------------------------------

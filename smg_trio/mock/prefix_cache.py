@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -42,19 +43,17 @@ __all__ = ["CacheStats", "PrefixCache", "block_hashes"]
 _MASK64 = (1 << 64) - 1
 
 
-def _chain(parent: int, tokens: Sequence[int]) -> int:
-    h = hashlib.blake2b(parent.to_bytes(8, "big"), digest_size=8)
-    h.update(b"".join(t.to_bytes(4, "big", signed=True) for t in tokens))
-    return int.from_bytes(h.digest(), "big") & _MASK64
-
-
 def block_hashes(seed: int, tokens: Sequence[int], block_size: int) -> list[int]:
-    """The chained hashes of the full blocks of ``tokens`` (a partial last block has none)."""
+    """The chained hashes of the full blocks of ``tokens`` (a partial last block has none):
+    each is a 64-bit BLAKE2b of its parent's hash and its token ids."""
+    full = len(tokens) // block_size
+    data = array("q", tokens[: full * block_size]).tobytes()
+    step = 8 * block_size
     out: list[int] = []
-    parent = seed & _MASK64
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = _chain(parent, tokens[start : start + block_size])
-        out.append(parent)
+    parent = (seed & _MASK64).to_bytes(8, "big")
+    for start in range(0, full * step, step):
+        parent = hashlib.blake2b(parent + data[start : start + step], digest_size=8).digest()
+        out.append(int.from_bytes(parent, "big"))
     return out
 
 
@@ -104,12 +103,19 @@ class PrefixCache:
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._lru
 
-    def lookup(self, prompt: Sequence[int]) -> int:
+    def hashes(self, tokens: Sequence[int]) -> list[int]:
+        """:func:`block_hashes` of ``tokens`` with this cache's seed and block size (none
+        when the cache holds nothing)."""
+        return block_hashes(self.seed, tokens, self.block_size) if self.capacity else []
+
+    def lookup(self, prompt: Sequence[int], hashes: Sequence[int] | None = None) -> int:
         """Count a request's prompt against the cache and return its cached tokens: the full
         blocks of its longest cached prefix, short of the prompt's last token. The hit blocks
-        become the most recently used."""
-        usable = max(0, len(prompt) - 1)
-        hashes = block_hashes(self.seed, prompt[:usable], self.block_size)
+        become the most recently used. ``hashes`` are the prompt's (:meth:`hashes`), when
+        known."""
+        if hashes is None:
+            hashes = self.hashes(prompt)
+        hashes = hashes[: max(0, len(prompt) - 1) // self.block_size]
         hit = 0
         for h in hashes:
             if h not in self._lru:
@@ -124,14 +130,16 @@ class PrefixCache:
             stats.hits += cached
         return cached
 
-    def store(self, tokens: Sequence[int]) -> None:
+    def store(self, tokens: Sequence[int], hashes: Sequence[int] | None = None) -> None:
         """Cache the full blocks of ``tokens`` (computed tokens: a prompt, or a finished
         request's prompt and output), evicting the least recently used blocks past the
         capacity. New blocks are one ``BlockStored`` (chained to the parent of the first),
-        each eviction a ``BlockRemoved``."""
+        each eviction a ``BlockRemoved``. ``hashes`` are the tokens' (:meth:`hashes`), when
+        known."""
         if self.capacity == 0:
             return
-        hashes = block_hashes(self.seed, tokens, self.block_size)
+        if hashes is None:
+            hashes = self.hashes(tokens)
         first_new = next((i for i, h in enumerate(hashes) if h not in self._lru), len(hashes))
         new = hashes[first_new:]
         # Touch tail first: the prefix ends up most recent, the tail goes first.
