@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import trio
 
+from smg_trio.exc_groups import leaves
 from smg_trio.mock.engine import (
     DEFAULT_NUM_GPU_BLOCKS,
     MockEngine,
@@ -182,7 +183,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     engine = MockEngine(args.handshake, config)
     log.info("mock %s engine %d dialing %s", config.protocol, config.engine_index, args.handshake)
-    trio.run(_run_after, engine, args.hello_after)
+    failed: BaseException | None = None
+    try:
+        trio.run(_run_after, engine, args.hello_after)
+    except* OSError as group:  # the KV events endpoint could not be bound or connected
+        failed = leaves(group)[0]
+    if failed is not None:
+        log.error("mock engine: %s", failed)
+        return 1
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -236,3 +237,11 @@ def test_events_are_off_without_the_config() -> None:
     assert engine.publisher is None
     engine.cache.store(_prompt(1))
     assert engine.cache.take_events() == []
+
+
+def test_cli_fails_cleanly_when_the_endpoint_cannot_be_bound(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = f'{{"enable_kv_cache_events": true, "endpoint": "ipc://{tmp_path}/missing/kv"}}'
+    assert mock_main(["--handshake", "tcp://127.0.0.1:1", "--kv-events-config", cfg]) == 1
+    assert "KV events: cannot open" in caplog.text
