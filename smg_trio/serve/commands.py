@@ -84,6 +84,15 @@ def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
+def _wants_kv_events(engine_args: Sequence[str]) -> bool:
+    """Whether serve gives the engine its KV events config: not when the operator passed
+    their own, nor with prefix caching off (nothing to publish; vLLM warns)."""
+    return not (
+        _has_flag(engine_args, "--kv-events-config")
+        or _has_flag(engine_args, "--no-enable-prefix-caching")
+    )
+
+
 def filter_owned_flags(args: Sequence[str], owned: Sequence[str]) -> list[str]:
     """Drop launcher-owned flags (``--flag v`` and ``--flag=v`` forms). A following token is
     consumed only when it does not start with ``-``."""
@@ -141,7 +150,8 @@ def build_engine_command(
 
     ``backend`` is ``vllm`` (``vllm serve --headless`` dialing the derived handshake port),
     with KV cache events published on ``<url>-kv.sock`` (:func:`kv_events_config`) unless
-    ``engine_args`` has its own ``--kv-events-config`` or the engine has several DP ranks,
+    ``engine_args`` has its own ``--kv-events-config`` or ``--no-enable-prefix-caching``, or
+    the engine has several DP ranks,
     ``tokenspeed`` (``tokenspeed.cli serve --headless``) or ``mock`` (our mock engine over the
     vLLM wire; ``mock_script`` becomes its ``--script``, with ``model`` as the tokenizer).
     Raises ``ValueError`` for a backend without a ZMQ wire, or a ``mock_script`` for another
@@ -162,7 +172,7 @@ def build_engine_command(
             "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", hs_port,
             *filter_owned_flags(engine_args, _VLLM_OWNED),
         ]  # fmt: skip
-        if not _has_flag(engine_args, "--kv-events-config"):
+        if _wants_kv_events(engine_args):
             if n == 1:
                 argv += ["--kv-events-config", kv_events_config(url)]
             else:
@@ -195,7 +205,7 @@ def build_engine_command(
             py, "-m", "smg_trio.mock.engine", "--handshake", addrs.handshake,
             *engine_args,
         ]  # fmt: skip
-        if not _has_flag(engine_args, "--kv-events-config"):
+        if _wants_kv_events(engine_args):
             argv += ["--kv-events-config", kv_events_config(url)]
         if mock_script is not None:
             argv += ["--script", os.path.abspath(mock_script), "--model", model]

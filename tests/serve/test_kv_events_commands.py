@@ -62,3 +62,10 @@ def test_vllm_with_several_dp_ranks_gets_none_and_says_so(
 def test_tokenspeed_gets_none() -> None:
     launch = build_engine_command("tokenspeed", "/m", port=31000, socket_dir="/tmp/s")
     assert not any(a.startswith("--kv-events-config") for a in launch.argv)
+
+
+@pytest.mark.parametrize("backend", ["vllm", "mock"])
+def test_none_without_prefix_caching(backend: str) -> None:
+    off = ["--no-enable-prefix-caching"]
+    launch = build_engine_command(backend, "/m", port=31000, socket_dir="/tmp/s", engine_args=off)
+    assert "--kv-events-config" not in launch.argv
