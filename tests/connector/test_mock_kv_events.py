@@ -245,3 +245,11 @@ def test_cli_fails_cleanly_when_the_endpoint_cannot_be_bound(
     cfg = f'{{"enable_kv_cache_events": true, "endpoint": "ipc://{tmp_path}/missing/kv"}}'
     assert mock_main(["--handshake", "tcp://127.0.0.1:1", "--kv-events-config", cfg]) == 1
     assert "KV events: cannot open" in caplog.text
+
+
+def test_a_full_queue_drops_and_counts_batches() -> None:
+    publisher = KvEventPublisher(_events_config("tcp://*:0", max_queue_size=2))
+    for _ in range(3):
+        publisher.publish([AllBlocksCleared()])
+    publisher.publish([])  # an empty step publishes nothing
+    assert publisher.dropped == 1
