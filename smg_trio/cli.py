@@ -264,6 +264,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         "vLLM",
     )
     g.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report the prompt tokens the engine found in its prefix cache: "
+        "usage.prompt_tokens_details.cached_tokens (chat, completions) and "
+        "cache_read_input_tokens (Messages), as vLLM's flag of that name does; the Responses "
+        "API always reports input_tokens_details.cached_tokens",
+    )
+    g.add_argument(
         "--max-n",
         type=_int_at_least(1),
         default=DEFAULT_MAX_N,
@@ -661,6 +669,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "reasoning_parser": args.reasoning_parser,
         "tool_call_parser": args.tool_call_parser,
         "enable_auto_tool_choice": args.enable_auto_tool_choice,
+        "enable_prompt_tokens_details": args.enable_prompt_tokens_details,
         "max_n": args.max_n,
         "responses_store_size": args.responses_store_size,
         "max_sequences_per_request": args.max_sequences_per_request,

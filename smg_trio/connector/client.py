@@ -193,6 +193,10 @@ class EngineClient:
         self._to_wake: dict[_Entry, None] = {}
         #: Utility calls waiting for their engine's answer.
         self._utility = UtilityCalls()
+        #: The engines' prefix cache counters summed over their scheduler stats so far
+        #: (vLLM's ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits``).
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     # -- introspection -------------------------------------------------------------------
 
@@ -736,6 +740,9 @@ class EngineClient:
                 # client's own outputs). Shed them, as an emptied rank does on release.
                 load = EngineLoad(0, 0, load.kv_cache_usage)
             router.loads[slot] = load
+        if batch.prefix_cache_queries:
+            self.prefix_cache_queries += batch.prefix_cache_queries
+            self.prefix_cache_hits += batch.prefix_cache_hits
         registry = self._registry
         to_wake = self._to_wake
         # Ids to tell ABORT again, per engine: one message each (not one task and message per

@@ -40,6 +40,8 @@ class MockUtility:
     #: ``(method, args)`` of every call, in arrival order.
     calls: list[tuple[str, list[Any]]] = attrs.field(factory=list)
     on_pause: Callable[[str], None] | None = None
+    #: Called when the prefix cache is dropped (``reset_prefix_cache``, a pause that clears it).
+    on_reset_cache: Callable[[], None] | None = None
 
     @property
     def holding(self) -> bool:
@@ -69,8 +71,13 @@ class MockUtility:
     def _u_reset_prefix_cache(
         self, reset_running_requests: bool = False, reset_connector: bool = False
     ) -> bool:
-        self.prefix_cache_resets += 1
+        self._reset_cache()
         return True
+
+    def _reset_cache(self) -> None:
+        self.prefix_cache_resets += 1
+        if self.on_reset_cache is not None:
+            self.on_reset_cache()
 
     def _u_get_supported_tasks(self) -> tuple[str, ...]:
         return self.supported_tasks
@@ -82,7 +89,7 @@ class MockUtility:
         if self.on_pause is not None:
             self.on_pause(mode)
         if clear_cache and mode != "keep":
-            self.prefix_cache_resets += 1
+            self._reset_cache()
 
     def _u_resume_scheduler(self) -> None:
         self.paused = False

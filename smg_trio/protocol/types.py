@@ -114,6 +114,10 @@ class EngineBatch(msgspec.Struct, gc=False):
     wave_complete: int | None = None
     start_wave: int | None = None
     utility: UtilityReply | None = None
+    #: The engine's prefix cache counters of this step, when it reported them (vLLM's
+    #: ``PrefixCacheStats``: prompt tokens looked up, and of those found cached).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 class StructuredOutputs(msgspec.Struct, omit_defaults=True, kw_only=True):

@@ -114,6 +114,7 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         fast_http1=config.fast_http1,
         tool_call_parser=config.tool_call_parser,
         enable_auto_tool_choice=config.enable_auto_tool_choice,
+        enable_prompt_tokens_details=config.enable_prompt_tokens_details,
     )
 
 

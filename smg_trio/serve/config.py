@@ -101,6 +101,7 @@ class GatewayConfig:
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    enable_prompt_tokens_details: bool = False
     max_n: int = DEFAULT_MAX_N
     responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE
     max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST

@@ -193,6 +193,26 @@ class _VllmCollector(Collector):
     def __init__(self, stats: dict[str, ModelStats]) -> None:
         self._stats = stats
         self.backend: GatewayBackend | None = None
+        #: Prefix cache counters per model: the engines' own, carried over engine clients
+        #: that come and go (a removed worker's counts stay), so each series only grows.
+        self._prefix_cache: dict[str, list[int]] = {}
+        self._prefix_seen: dict[int, tuple[EngineClient, int, int]] = {}
+
+    def _prefix_cache_counts(self) -> dict[str, list[int]]:
+        """``model_id -> [queries, hits]``: what each live client counted since the last
+        scrape, added to the totals."""
+        backend = self.backend
+        if backend is None:
+            return self._prefix_cache
+        seen: dict[int, tuple[EngineClient, int, int]] = {}
+        for model_id, client in backend.engine_clients():
+            _, queries, hits = self._prefix_seen.get(id(client), (client, 0, 0))
+            total = self._prefix_cache.setdefault(model_id, [0, 0])
+            total[0] += client.prefix_cache_queries - queries
+            total[1] += client.prefix_cache_hits - hits
+            seen[id(client)] = (client, client.prefix_cache_queries, client.prefix_cache_hits)
+        self._prefix_seen = seen  # holding the clients keeps their ids unique
+        return self._prefix_cache
 
     def _loads(self) -> dict[str, tuple[int, int, list[float]]]:
         """``model_id -> (running, waiting, per-rank KV usage)`` over the live engines; every
@@ -261,6 +281,23 @@ class _VllmCollector(Collector):
                 hist: FastHistogram = getattr(st, key)
                 family.add_metric([model_id], hist.buckets(), hist.sum)
         yield from (prompt, generation, success, *hists.values())
+
+        queries = CounterMetricFamily(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            labels=["model_name"],
+        )
+        hits = CounterMetricFamily(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            labels=["model_name"],
+        )
+        counts = self._prefix_cache_counts()
+        for model_id in sorted({*loads, *counts}):
+            n_queries, n_hits = counts.get(model_id, (0, 0))
+            queries.add_metric([model_id], n_queries)
+            hits.add_metric([model_id], n_hits)
+        yield from (queries, hits)
 
 
 class _AdmissionCollector(Collector):

@@ -304,7 +304,7 @@ class ResponsesJob(ChatJobView):
             out_tokens = pipeline.completion_tokens
             usage = {
                 "input_tokens": self.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": pipeline.cached_tokens or 0},
                 "output_tokens": out_tokens,
                 "output_tokens_details": {
                     "reasoning_tokens": min(len(tok.encode(reasoning)), out_tokens)
