@@ -174,6 +174,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="require this bearer key on /workers and /get_loads (default: the --api-key)",
     )
     g.add_argument(
+        "--otlp-traces-endpoint",
+        metavar="URL",
+        help="export a span per inference request over OTLP to URL (vLLM's flag; gRPC, or "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); needs smg_trio[otel] "
+        "(docs/observability.md)",
+    )
+    g.add_argument(
         "--enable-http2",
         action="store_true",
         help="also serve cleartext HTTP/2 (prior knowledge, Upgrade: h2c); off by default: "
@@ -636,6 +643,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "policy": args.policy,
         "api_key": args.api_key,
         "admin_api_key": args.admin_api_key,
+        "otlp_traces_endpoint": args.otlp_traces_endpoint,
         "reasoning_parser": args.reasoning_parser,
         "tool_call_parser": args.tool_call_parser,
         "enable_auto_tool_choice": args.enable_auto_tool_choice,
@@ -677,6 +685,9 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             )
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         _usage_error("--enable-auto-tool-choice needs --tool-call-parser NAME")
+    tracing = args.otlp_traces_endpoint is not None
+    if tracing and importlib.util.find_spec("opentelemetry.sdk") is None:
+        _usage_error("--otlp-traces-endpoint needs OpenTelemetry: pip install 'smg_trio[otel]'")
     for owned in ("--revision", "--tokenizer-revision"):
         if any(a == owned or a.startswith(owned + "=") for a in engine_args):
             _usage_error(

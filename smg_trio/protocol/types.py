@@ -167,6 +167,8 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     data_parallel_rank: int | None = None
     stream: bool = True
     arrival_time: float = 0.0
+    #: W3C ``traceparent``/``tracestate`` of the gateway's request span (tracing on only).
+    trace_headers: dict[str, str] | None = None
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):

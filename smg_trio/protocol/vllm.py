@@ -384,6 +384,7 @@ class VllmProtocol:
             arrival_time=request.arrival_time,
             data_parallel_rank=request.data_parallel_rank,
             client_index=self.client_index,
+            trace_headers=request.trace_headers,
         )
         return [ADD, encoder.encode(wire)]
 

@@ -13,6 +13,7 @@ import trio
 
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.app import create_app, serve_http
+from smg_trio.gateway.http.tracing import Tracing, open_tracing
 from smg_trio.gateway.openai.errors import ApiError
 from smg_trio.serve.admin import admin_blueprint
 from smg_trio.serve.admin_schema import ADMIN_OPERATIONS
@@ -114,6 +115,20 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         tool_call_parser=config.tool_call_parser,
         enable_auto_tool_choice=config.enable_auto_tool_choice,
     )
+
+
+async def start_tracing(
+    config: GatewayConfig, nursery: trio.Nursery, process: str
+) -> Tracing | None:
+    """``--otlp-traces-endpoint``'s tracer, its export task started in ``nursery`` (``None``
+    without the flag). Raises ``TracingUnavailable`` without OpenTelemetry."""
+    if config.otlp_traces_endpoint is None:
+        return None
+    tracing = open_tracing(config.otlp_traces_endpoint, process=process)
+    if tracing is not None:
+        await nursery.start(tracing.run)
+        log.info("tracing: spans go to %s", tracing.endpoint)
+    return tracing
 
 
 def _confinement(config: GatewayConfig) -> WorkerConfinement:
@@ -438,7 +453,10 @@ async def _serve_in(
                 partial(serve_http, control, bind=f"unix:{os.path.join(run_dir, CONTROL_SOCKET)}")
             )
         else:
-            app = create_app(manager, _http_config(config), operations=ADMIN_OPERATIONS)
+            tracing = await start_tracing(config, nursery, "gateway")
+            app = create_app(
+                manager, _http_config(config), operations=ADMIN_OPERATIONS, tracing=tracing
+            )
             app.register_blueprint(admin)
             binds: list[str] = await nursery.start(serve_http, app, config.host, config.port)
             host, _, port_text = binds[0].removeprefix("http://").rpartition(":")

@@ -98,6 +98,8 @@ class GatewayConfig:
     policy: str = DEFAULT_POLICY
     api_key: str | None = None
     admin_api_key: str | None = None
+    #: ``--otlp-traces-endpoint``: export request spans there (docs/observability.md).
+    otlp_traces_endpoint: str | None = None
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False

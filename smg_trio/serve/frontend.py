@@ -173,7 +173,7 @@ async def run_frontend(
     """Serve as frontend ``index`` (1..``count``) until SIGTERM/SIGINT (drain, then stop);
     ``beats``: the supervisor's heartbeat pipe, if it watches for a stall."""
     from smg_trio.gateway.openai.errors import ApiError
-    from smg_trio.serve import DRAIN_FLUSH_S, _confinement, _http_config
+    from smg_trio.serve import DRAIN_FLUSH_S, _confinement, _http_config, start_tracing
 
     shared = SharedLoad(os.path.join(run_dir, "load"), count, index - 1)
     control = ControlClient(os.path.join(run_dir, CONTROL_SOCKET))
@@ -200,7 +200,8 @@ async def run_frontend(
                 _http_config(config),
                 responses_store_path=os.path.join(run_dir, RESPONSES_STORE),
             )
-            app = create_app(manager, http_config, operations=ADMIN_OPERATIONS)
+            tracing = await start_tracing(config, nursery, f"frontend-{index}")
+            app = create_app(manager, http_config, operations=ADMIN_OPERATIONS, tracing=tracing)
             app.register_blueprint(admin_proxy_blueprint(control))
             # serve_http takes any ASGI app that carries the gateway's extensions
             asgi = cast(QuartTrio, _FrontendAsgi(app, run_dir, index, count, local=False))

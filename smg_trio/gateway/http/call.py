@@ -50,6 +50,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from smg_trio.gateway.http.fastroute import AsgiRequest
+    from smg_trio.gateway.http.tracing import RequestSpan, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +107,17 @@ class Gateway:
     engine)."""
 
     def __init__(
-        self, backend: GatewayBackend, config: GatewayHttpConfig, metrics: GatewayMetrics
+        self,
+        backend: GatewayBackend,
+        config: GatewayHttpConfig,
+        metrics: GatewayMetrics,
+        tracing: Tracing | None = None,
     ) -> None:
         self.backend = backend
         self.config = config
         self.metrics = metrics
+        #: The request spans' tracer (``--otlp-traces-endpoint``); ``None``: tracing is off.
+        self.tracing = tracing
         # vLLM's convention (0.10+): the engine id is the external id plus a unique suffix.
         self._id_nonce = secrets.token_hex(3)
         self._id_seq = itertools.count()
@@ -257,6 +264,10 @@ class RequestCall:
         self._admitted = False
         #: Size of the request body, which decides whether tokenizing goes to a thread.
         self.body_bytes = 0
+        #: This request's span (``None`` unless tracing is on).
+        self.span: RequestSpan | None = (
+            None if gw.tracing is None else gw.tracing.start(request.headers, endpoint, rid)
+        )
         gw.metrics.in_flight.inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s started (Content-Type %r)", rid, endpoint, request.content_type)
@@ -282,7 +293,15 @@ class RequestCall:
                 "only application/json is accepted",
                 code="unsupported_media_type",
             )
-        await self.gw.admission.enter(self)
+        span = self.span
+        if span is None:
+            await self.gw.admission.enter(self)
+        else:
+            queued = time.perf_counter()
+            await self.gw.admission.enter(self)
+            waited = time.perf_counter() - queued
+            span.set({"gen_ai.latency.time_in_queue": waited})
+            span.event("admitted", {"gen_ai.latency.time_in_queue": waited})
         self._admitted = True
         try:
             data = await self.request.get_data(cache=False)
@@ -300,8 +319,12 @@ class RequestCall:
         concurrency): a client that goes away waits for at most one encode of a prompt that
         can fit the context (larger ones are refused before encoding)."""
         if self.body_bytes < TOKENIZE_OFFLOAD_BYTES:
-            return fn()
-        return await trio.to_thread.run_sync(fn, limiter=self.gw.tokenizer_limiter)
+            out = fn()
+        else:
+            out = await trio.to_thread.run_sync(fn, limiter=self.gw.tokenizer_limiter)
+        if self.span is not None:
+            self.span.event("tokenized")
+        return out
 
     def reserve_ids(self) -> ResponseIds:
         """The response's ids, with a fresh engine request id base: the response id plus a
@@ -325,7 +348,33 @@ class RequestCall:
         self._model = metrics.model(model_id)
         if len(self.subs) == 1:  # n>1 interleaves its choices' batches: no per-choice ITL
             self._itl = self._model.itl
+        if self.span is not None:
+            self._trace_route(model_id, lease)
         return lease
+
+    def _trace_route(self, model_id: str, lease: WorkerLease) -> None:
+        """The span's routing stage and request attributes (vLLM's names), and its context
+        in every engine request's ``trace_headers``."""
+        span = self.span
+        assert span is not None
+        policy = getattr(self.gw.backend, "policy", None)
+        span.event(
+            "routed",
+            {"smg.worker.id": lease.worker_id, "smg.route.policy": getattr(policy, "name", "")},
+        )
+        attributes: dict[str, object] = {
+            "gen_ai.response.model": model_id,
+            "smg.worker.id": lease.worker_id,
+            "gen_ai.request.n": len(self.subs),
+        }
+        if self.subs:
+            sampling = self.subs[0].request.sampling
+            attributes["gen_ai.request.max_tokens"] = sampling.max_tokens
+            attributes["gen_ai.request.temperature"] = sampling.temperature
+            attributes["gen_ai.request.top_p"] = sampling.top_p
+        span.set(attributes)
+        for sub in self.subs:
+            sub.request.trace_headers = span.headers
 
     async def run_with_retry(
         self, model_id: str, client: EngineClient, run: Callable[[EngineClient], Awaitable[None]]
@@ -345,6 +394,8 @@ class RequestCall:
             if other is None:
                 raise
             log.info("%s: %s; retrying on worker %s", self.request_id, exc, other.worker_id)
+            if self.span is not None:
+                self.span.event("retried", {"smg.worker.id": other.worker_id})
             await run(other.client)
 
     def _lease_elsewhere(self, model_id: str) -> WorkerLease | None:
@@ -371,6 +422,8 @@ class RequestCall:
         last, self._last_batch = self._last_batch, now
         if last is None:
             self.first_batch = now
+            if self.span is not None:
+                self.span.event("first_token")
         elif self._itl is not None:
             self._itl.observe(now - last)
 
@@ -437,6 +490,18 @@ class RequestCall:
             completion_tokens=completion_tokens,
             error_code=error_code,
         )
+        span, self.span = self.span, None
+        if span is not None:
+            span.set(
+                {
+                    "gen_ai.usage.prompt_tokens": self.prompt_tokens,
+                    "gen_ai.usage.completion_tokens": completion_tokens,
+                    "gen_ai.usage.num_sequences": len(self.subs),
+                    "gen_ai.latency.e2e": end - self.start,
+                    "gen_ai.latency.time_to_first_token": ttft_s,
+                }
+            )
+            span.end(status, error_code)
         model, self._model = self._model, None
         if model is not None:
             first, last = self.first_batch, self._last_batch

@@ -1,0 +1,240 @@
+"""OpenTelemetry tracing of inference requests (``--otlp-traces-endpoint``): one span per
+request, W3C trace context in from the client and out to the engine, spans exported by a trio
+task. OpenTelemetry is imported only when tracing is on (the ``otel`` extra)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span, Tracer
+
+__all__ = [
+    "SPAN_NAME",
+    "RequestSpan",
+    "Tracing",
+    "TracingUnavailable",
+    "open_tracing",
+]
+
+log = logging.getLogger(__name__)
+
+#: The request span's name: vLLM's frontend names its per-request span ``llm_request``
+#: (``vllm/v1/engine/output_processor.py``); in front of bare engines smg_trio plays that
+#: frontend, so dashboards and queries written for vLLM find the same span and attributes.
+SPAN_NAME: Final = "llm_request"
+#: The W3C headers carried to the engine (``EngineCoreRequest.trace_headers``), as vLLM's
+#: ``TRACE_HEADERS``.
+TRACE_HEADERS: Final = ("traceparent", "tracestate")
+#: How long stopping waits for the last export.
+_SHUTDOWN_EXPORT_S: Final = 10.0
+
+
+class TracingUnavailable(RuntimeError):
+    """``--otlp-traces-endpoint`` without the OpenTelemetry packages (``smg_trio[otel]``)."""
+
+
+class RequestSpan:
+    """One request's span: stage events, attributes, the headers for the engine, the end."""
+
+    __slots__ = ("_span", "headers")
+
+    def __init__(self, span: Span, headers: dict[str, str]) -> None:
+        self._span = span
+        #: ``traceparent`` (and ``tracestate``) naming this span: the engine's parent.
+        self.headers = headers
+
+    def event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
+        """A stage (``queued``, ``tokenized``, ``routed``, ``first_token``)."""
+        self._span.add_event(name, attributes=dict(attributes) if attributes else None)
+
+    def set(self, attributes: Mapping[str, Any]) -> None:
+        """Set attributes (``None`` values are left out)."""
+        self._span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+
+    def end(self, status: int, error_code: str | None) -> None:
+        """End with the HTTP status; 5xx marks the span an error (OTel's HTTP server rule)."""
+        from opentelemetry.trace import Status, StatusCode
+
+        span = self._span
+        span.set_attribute("http.response.status_code", status)
+        if error_code is not None:
+            span.set_attribute("error.type", error_code)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR, error_code))
+        span.end()
+
+
+class _QueueProcessor:
+    """A span processor that only queues ended spans (bounded: the oldest are dropped when
+    the exporter falls behind); :meth:`Tracing.run` exports them off the event loop. The SDK's
+    ``BatchSpanProcessor`` would start a thread of its own."""
+
+    def __init__(self, max_queue: int, batch: int) -> None:
+        self.queue: collections.deque[ReadableSpan] = collections.deque(maxlen=max_queue)
+        self.batch = batch
+        self.dropped = 0
+        self.wake = trio.Event()
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        queue = self.queue
+        if len(queue) == queue.maxlen:
+            self.dropped += 1
+        queue.append(span)
+        if len(queue) >= self.batch:
+            self.wake.set()
+
+    def _on_ending(self, span: Any) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, default)))
+    except ValueError:
+        log.warning("%s is not an integer; using %d", name, default)
+        return default
+
+
+class Tracing:
+    """The gateway's tracer. Run :meth:`run` in a nursery for the gateway's life (it exports
+    the queued spans every ``OTEL_BSP_SCHEDULE_DELAY`` ms, or at once when a batch is full,
+    and the rest when cancelled); :meth:`start` makes a request's span."""
+
+    def __init__(self, provider: TracerProvider, exporter: SpanExporter, endpoint: str) -> None:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.endpoint = endpoint
+        self._provider = provider
+        self._exporter = exporter
+        self._tracer: Tracer = provider.get_tracer("smg_trio")
+        self._propagator = TraceContextTextMapPropagator()
+        self._delay_s = _env_int("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self._processor = _QueueProcessor(
+            _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048),
+            _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512),
+        )
+        provider.add_span_processor(self._processor)  # type: ignore[arg-type]
+        self.exported = 0
+
+    @property
+    def dropped(self) -> int:
+        """Spans dropped because the queue was full."""
+        return self._processor.dropped
+
+    def start(self, headers: Any, endpoint: str, request_id: str) -> RequestSpan:
+        """The span of one request (``headers``: Quart's or the fast path's, read with
+        ``get``): a child of the caller's ``traceparent`` when it is valid
+        (a malformed one is ignored and a new trace starts, as the W3C spec says)."""
+        from opentelemetry.trace import SpanKind, set_span_in_context
+
+        carrier = {h: str(v) for h in TRACE_HEADERS if (v := headers.get(h))}
+        parent = self._propagator.extract(carrier) if carrier else None
+        span = self._tracer.start_span(
+            SPAN_NAME,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={"gen_ai.request.id": request_id, "smg.endpoint": endpoint},
+        )
+        out: dict[str, str] = {}
+        self._propagator.inject(out, context=set_span_in_context(span))
+        return RequestSpan(span, out)
+
+    async def flush(self) -> None:
+        """Export every queued span now."""
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        queue = self._processor.queue
+        while queue:
+            batch = [queue.popleft() for _ in range(min(len(queue), self._processor.batch))]
+            try:
+                result = await trio.to_thread.run_sync(self._exporter.export, batch)
+            except Exception as exc:  # an exporter's bug must not stop the gateway
+                log.warning("%d span(s) not exported to %s: %r", len(batch), self.endpoint, exc)
+                continue
+            if result is not SpanExportResult.SUCCESS:
+                log.warning("%d span(s) not exported to %s", len(batch), self.endpoint)
+            else:
+                self.exported += len(batch)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Export until cancelled, then export what is left (bounded) and close the
+        exporter."""
+        task_status.started()
+        processor = self._processor
+        try:
+            while True:
+                with trio.move_on_after(self._delay_s):
+                    await processor.wake.wait()
+                processor.wake = trio.Event()
+                await self.flush()
+        finally:
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(_SHUTDOWN_EXPORT_S):
+                    await self.flush()
+                await trio.to_thread.run_sync(self._exporter.shutdown)
+
+
+def _exporter(endpoint: str) -> SpanExporter:
+    """vLLM's choice (``vllm/tracing/otel.py``): ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``,
+    ``grpc`` (the default) or ``http/protobuf``. gRPC is plaintext unless the endpoint is
+    ``https://``. The exporters read their other ``OTEL_EXPORTER_OTLP_TRACES_*`` variables
+    (headers, timeout, compression, certificate) themselves."""
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+
+        return GrpcExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://"))
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+
+        return HttpExporter(endpoint=endpoint)
+    raise ValueError(
+        f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL={protocol!r} is not supported "
+        "(use 'grpc' or 'http/protobuf')"
+    )
+
+
+def open_tracing(endpoint: str, *, process: str = "gateway") -> Tracing | None:
+    """The tracer exporting to ``endpoint`` (``--otlp-traces-endpoint``), or ``None`` when
+    ``OTEL_SDK_DISABLED`` is true. The resource is OpenTelemetry's (``OTEL_SERVICE_NAME``,
+    ``OTEL_RESOURCE_ATTRIBUTES``; ``service.name`` ``smg_trio`` unless they name one), the
+    sampler too (``OTEL_TRACES_SAMPLER``). Raises :class:`TracingUnavailable` without the
+    packages, ``ValueError`` for an unknown protocol."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        log.info("OTEL_SDK_DISABLED is set: tracing is off")
+        return None
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+    except ImportError as exc:
+        raise TracingUnavailable(
+            "--otlp-traces-endpoint needs OpenTelemetry: pip install 'smg_trio[otel]'"
+        ) from exc
+    exporter = _exporter(endpoint)
+    resource = Resource.create({"smg_trio.process_kind": process, "process.pid": os.getpid()})
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": "smg_trio"}))
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    return Tracing(provider, exporter, endpoint)
