@@ -13,6 +13,7 @@ import trio
 
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.app import create_app, serve_http
+from smg_trio.gateway.http.tenants import SharedLedger, TenantGate, load_tenants
 from smg_trio.gateway.http.tracing import Tracing, open_tracing
 from smg_trio.gateway.openai.errors import ApiError
 from smg_trio.serve.admin import admin_blueprint
@@ -129,6 +130,13 @@ async def start_tracing(
         await nursery.start(tracing.run)
         log.info("tracing: spans go to %s", tracing.endpoint)
     return tracing
+
+
+def tenant_gate(config: GatewayConfig, shared: SharedLedger | None = None) -> TenantGate | None:
+    """The tenants of ``--api-keys-file`` and ``--tenant-api-key`` (read now), or ``None``;
+    ``shared``: the frontends' common ledger. Raises ``TenantsError``."""
+    table = load_tenants(config.api_keys_file, config.tenant_api_keys)
+    return None if table is None else TenantGate(table, shared)
 
 
 def _confinement(config: GatewayConfig) -> WorkerConfinement:
@@ -455,7 +463,11 @@ async def _serve_in(
         else:
             tracing = await start_tracing(config, nursery, "gateway")
             app = create_app(
-                manager, _http_config(config), operations=ADMIN_OPERATIONS, tracing=tracing
+                manager,
+                _http_config(config),
+                operations=ADMIN_OPERATIONS,
+                tracing=tracing,
+                tenants=tenant_gate(config),
             )
             app.register_blueprint(admin)
             binds: list[str] = await nursery.start(serve_http, app, config.host, config.port)

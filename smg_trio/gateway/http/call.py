@@ -10,7 +10,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, Literal, TypeVar
 
 import msgspec
 import trio
@@ -24,6 +24,7 @@ from smg_trio.exc_groups import is_cancellation
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.admission import AdmissionGate
 from smg_trio.gateway.http.metrics import FastHistogram, GatewayMetrics, ModelStats
+from smg_trio.gateway.http.tenants import OTHER, TenantCollector
 from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.errors import (
     ApiError,
@@ -50,6 +51,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from smg_trio.gateway.http.fastroute import AsgiRequest
+    from smg_trio.gateway.http.tenants import Tenant, TenantGate
     from smg_trio.gateway.http.tracing import RequestSpan, Tracing
 
 log = logging.getLogger(__name__)
@@ -112,12 +114,19 @@ class Gateway:
         config: GatewayHttpConfig,
         metrics: GatewayMetrics,
         tracing: Tracing | None = None,
+        tenants: TenantGate | None = None,
     ) -> None:
         self.backend = backend
         self.config = config
         self.metrics = metrics
         #: The request spans' tracer (``--otlp-traces-endpoint``); ``None``: tracing is off.
         self.tracing = tracing
+        #: The tenants' keys and limits (``--api-keys-file``); ``None``: no tenants.
+        self.tenants = tenants
+        self.tenant_metrics: TenantCollector | None = None
+        if tenants is not None:
+            self.tenant_metrics = TenantCollector(tenants, tenants.table.names)
+            metrics.registry.register(self.tenant_metrics)
         # vLLM's convention (0.10+): the engine id is the external id plus a unique suffix.
         self._id_nonce = secrets.token_hex(3)
         self._id_seq = itertools.count()
@@ -168,22 +177,44 @@ class Gateway:
                 return str(value)
         return _random_id()
 
-    def check_auth(self, request: Request | AsgiRequest, *, x_api_key: bool = False) -> None:
-        """401 unless the bearer token matches the configured API key (if any); with
-        ``x_api_key`` (Anthropic's routes) an ``x-api-key`` header holding the key also does."""
-        if self._api_key is None:
-            return
+    def check_auth(
+        self, request: Request | AsgiRequest, *, x_api_key: bool = False
+    ) -> Tenant | None:
+        """401 unless the bearer token matches the configured API key or a tenant's key (if
+        any is configured); with ``x_api_key`` (Anthropic's routes) an ``x-api-key`` header
+        holding a key also does. Returns the tenant whose key it was (``None``: the shared
+        key, or no auth configured). Keys are compared in constant time."""
+        tenants = self.tenants
+        if self._api_key is None and tenants is None:
+            return None
+        headers = request.headers
         if x_api_key:
-            given = request.headers.get("x-api-key")
-            if given is not None and hmac.compare_digest(given.strip().encode(), self._api_key):
-                return
-        if not bearer_matches(request.headers.get("authorization", ""), self._api_key):
-            raise ApiError(
-                401,
-                "Incorrect API key provided.",
-                code="invalid_api_key",
-                error_type="authentication_error",
-            )
+            given = headers.get("x-api-key")
+            if given is not None:
+                found = self._key_of(given.strip().encode())
+                if found is not False:
+                    return found
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            found = self._key_of(token.strip().encode())
+            if found is not False:
+                return found
+        raise ApiError(
+            401,
+            "Incorrect API key provided.",
+            code="invalid_api_key",
+            error_type="authentication_error",
+        )
+
+    def _key_of(self, presented: bytes) -> Tenant | Literal[False] | None:
+        """``None`` for the shared ``--api-key``, the tenant of a tenant key, else False."""
+        if self._api_key is not None and hmac.compare_digest(presented, self._api_key):
+            return None
+        if self.tenants is not None:
+            tenant = self.tenants.table.lookup(presented)
+            if tenant is not None:
+                return tenant
+        return False
 
     async def resolve_model(self, name: str | None) -> ServedModel:
         """Exact, case- and space-sensitive lookup. A missing ``model`` picks the only known
@@ -264,6 +295,10 @@ class RequestCall:
         self._admitted = False
         #: Size of the request body, which decides whether tokenizing goes to a thread.
         self.body_bytes = 0
+        #: The tenant whose key authenticated the request (its metrics label), and the
+        #: tenant whose slot the request holds until :meth:`close`.
+        self.tenant_name: str = OTHER
+        self._tenant_held: Tenant | None = None
         #: This request's span (``None`` unless tracing is on).
         self.span: RequestSpan | None = (
             None if gw.tracing is None else gw.tracing.start(request.headers, endpoint, rid)
@@ -282,7 +317,11 @@ class RequestCall:
         are bounded by the admission limits (an upload is bounded in time by the body
         timeout). While draining: 503 before the body is read, so a stopping gateway spends
         nothing (reading, tokenizing) on requests it will refuse."""
-        self.gw.check_auth(self.request, x_api_key=self._x_api_key)
+        tenant = self.gw.check_auth(self.request, x_api_key=self._x_api_key)
+        if tenant is not None:
+            self.tenant_name = tenant.name
+            if self.span is not None:
+                self.span.set({"smg.tenant": tenant.name})
         if self.gw.backend.draining:
             raise ApiError(503, "the gateway is shutting down", code="draining")
         mime = (self.request.mimetype or "").lower()
@@ -293,6 +332,9 @@ class RequestCall:
                 "only application/json is accepted",
                 code="unsupported_media_type",
             )
+        if tenant is not None and self.gw.tenants is not None:
+            self.gw.tenants.enter(tenant)  # 429 over the tenant's limits
+            self._tenant_held = tenant
         span = self.span
         if span is None:
             await self.gw.admission.enter(self)
@@ -461,7 +503,15 @@ class RequestCall:
             return
         self._closed = True
         gw = self.gw
-        log.debug("%s %s finished: %d %s", self.request_id, self.endpoint, status, error_code or "")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s %s finished: %d %s (tenant %s)",
+                self.request_id,
+                self.endpoint,
+                status,
+                error_code or "",
+                self.tenant_name,
+            )
         gw.metrics.in_flight.dec()
         if self._admitted:
             self._admitted = False
@@ -490,6 +540,13 @@ class RequestCall:
             completion_tokens=completion_tokens,
             error_code=error_code,
         )
+        held, self._tenant_held = self._tenant_held, None
+        if held is not None and gw.tenants is not None:
+            gw.tenants.leave(held, self.prompt_tokens + completion_tokens)
+        if gw.tenant_metrics is not None:
+            gw.tenant_metrics.finished(
+                self.tenant_name, status, self.prompt_tokens, completion_tokens
+            )
         span, self.span = self.span, None
         if span is not None:
             span.set(
