@@ -287,3 +287,12 @@ async def test_over_the_token_rate_is_429_with_retry_after(harness: HarnessFacto
             metrics = (await h.http.get("/metrics")).text
     assert 'smg_tenant_requests_rejected_total{reason="tokens",tenant="a"} 1.0' in metrics
     assert 'smg_tenant_requests_total{status="429",tenant="a"} 1.0' in metrics
+
+
+def test_a_ledger_of_another_size_is_refused(tmp_path: Path) -> None:
+    """A frontend that read more tenants than the supervisor made room for stops at once."""
+    path = str(tmp_path / "tenants")
+    create_ledger_file(path, 1, 2)
+    table = _table(Tenant("a", KEY_A.encode()), Tenant("b", KEY_B.encode()))
+    with pytest.raises(TenantsError, match="restart"):
+        TenantGate(table, SharedLedger(path, 2, 0))

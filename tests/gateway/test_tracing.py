@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
+from smg_trio.gateway.http.tenants import Tenant, TenantGate, TenantTable
 from smg_trio.gateway.http.tracing import SPAN_NAME, Tracing, open_tracing
 from tests.helpers.gateway import DEADLINE_S, HarnessFactory
 from tests.helpers.otlp import OtlpReceiver, open_otlp_receiver
@@ -144,3 +145,25 @@ def test_tracing_off_imports_no_opentelemetry() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+async def test_the_tenant_is_on_the_span(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sk-tenant-a-0123456789"
+    gate = TenantGate(TenantTable((Tenant("team-a", key.encode()),)))
+    with trio.fail_after(DEADLINE_S):
+        async with (
+            _tracing(monkeypatch) as (tracing, receiver),
+            harness(tracing=tracing, tenants=gate) as h,
+        ):
+            r = await h.post(
+                "/v1/completions",
+                {"model": "M", "prompt": "hello", "max_tokens": 1},
+                headers={"authorization": f"Bearer {key}"},
+            )
+            assert r.status_code == 200
+            await tracing.flush()
+            (span,) = await receiver.wait_for(1)
+    assert span.attributes["smg.tenant"] == "team-a"
+    assert key not in repr(span)

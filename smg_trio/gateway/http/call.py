@@ -542,7 +542,9 @@ class RequestCall:
         )
         held, self._tenant_held = self._tenant_held, None
         if held is not None and gw.tenants is not None:
-            gw.tenants.leave(held, self.prompt_tokens + completion_tokens)
+            # the prompt counts once an engine got it (a lease was taken)
+            leased = cm is not None
+            gw.tenants.leave(held, (self.prompt_tokens if leased else 0) + completion_tokens)
         if gw.tenant_metrics is not None:
             gw.tenant_metrics.finished(
                 self.tenant_name, status, self.prompt_tokens, completion_tokens

@@ -260,6 +260,10 @@ class _Ledger:
         else:
             fd = os.open(shared.path, os.O_RDWR | os.O_NOFOLLOW)
             try:
+                if os.fstat(fd).st_size != size:
+                    raise TenantsError(
+                        "the tenants changed since the supervisor read them: restart serve"
+                    )
                 self._map = mmap.mmap(fd, size)
             finally:
                 os.close(fd)
