@@ -100,7 +100,7 @@ class GatewayConfig:
     admin_api_key: str | None = None
     #: Tenants (docs/security.md#tenants): ``--api-keys-file`` and ``--tenant-api-key``.
     api_keys_file: str | None = None
-    tenant_api_keys: tuple[str, ...] = ()
+    tenant_api_keys: tuple[str, ...] = attrs.field(default=(), repr=False)
     #: ``--otlp-traces-endpoint``: export request spans there (docs/observability.md).
     otlp_traces_endpoint: str | None = None
     reasoning_parser: str | None = None
