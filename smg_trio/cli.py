@@ -712,6 +712,12 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     tracing = args.otlp_traces_endpoint is not None
     if tracing and importlib.util.find_spec("opentelemetry.sdk") is None:
         _usage_error("--otlp-traces-endpoint needs OpenTelemetry: pip install 'smg_trio[otel]'")
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
+    if tracing and protocol not in ("grpc", "http/protobuf"):
+        _usage_error(
+            f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL={protocol!r} is not supported with "
+            "--otlp-traces-endpoint (use 'grpc' or 'http/protobuf')"
+        )
     for owned in ("--revision", "--tokenizer-revision"):
         if any(a == owned or a.startswith(owned + "=") for a in engine_args):
             _usage_error(

@@ -5,6 +5,7 @@ its context reaches the engine in ``EngineCoreRequest.trace_headers``; a malform
 
 from __future__ import annotations
 
+import concurrent.futures
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -167,3 +168,43 @@ async def test_the_tenant_is_on_the_span(
             (span,) = await receiver.wait_for(1)
     assert span.attributes["smg.tenant"] == "team-a"
     assert key not in repr(span)
+
+
+async def test_grpc_is_the_default_protocol(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without OTEL_EXPORTER_OTLP_TRACES_PROTOCOL the spans go over gRPC (vLLM's default),
+    plaintext to an ``http://`` endpoint: a real gRPC TraceService receives them."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    received: list[trace_service_pb2.ExportTraceServiceRequest] = []
+    got = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    class Receiver(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+        def Export(self, request: object, context: object) -> object:
+            received.append(request)  # type: ignore[arg-type]
+            trio.from_thread.run_sync(got.set, trio_token=token)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Receiver(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", raising=False)
+    try:
+        tracing = open_tracing(f"http://127.0.0.1:{port}")
+        assert tracing is not None
+        with trio.fail_after(DEADLINE_S):
+            async with trio.open_nursery() as nursery, harness(tracing=tracing) as h:
+                await nursery.start(tracing.run)
+                r = await h.chat(max_tokens=1)
+                assert r.status_code == 200
+                await tracing.flush()
+                await got.wait()
+                nursery.cancel_scope.cancel()
+    finally:
+        server.stop(None)
+    spans = [s for rs in received[0].resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert [s.name for s in spans] == [SPAN_NAME]

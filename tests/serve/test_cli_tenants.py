@@ -45,3 +45,13 @@ def test_bad_keys_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFi
     err = capsys.readouterr().err
     assert "unknown field(s) ['rpm']" in err
     assert KEY not in err
+
+
+def test_unknown_otlp_protocol_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
+    with pytest.raises(SystemExit) as info:
+        _config(["serve", "--backend", "mock", "--otlp-traces-endpoint", "http://127.0.0.1:4318"])
+    assert info.value.code == 2
+    assert "'http/json' is not supported" in capsys.readouterr().err
