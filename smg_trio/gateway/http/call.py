@@ -321,7 +321,7 @@ class RequestCall:
         if tenant is not None:
             self.tenant_name = tenant.name
             if self.span is not None:
-                self.span.set({"smg.tenant": tenant.name})
+                self.span.set("smg.tenant", tenant.name)
         if self.gw.backend.draining:
             raise ApiError(503, "the gateway is shutting down", code="draining")
         mime = (self.request.mimetype or "").lower()
@@ -341,9 +341,7 @@ class RequestCall:
         else:
             queued = time.perf_counter()
             await self.gw.admission.enter(self)
-            waited = time.perf_counter() - queued
-            span.set({"gen_ai.latency.time_in_queue": waited})
-            span.event("admitted", {"gen_ai.latency.time_in_queue": waited})
+            span.admitted(time.perf_counter() - queued)
         self._admitted = True
         try:
             data = await self.request.get_data(cache=False)
@@ -390,33 +388,10 @@ class RequestCall:
         self._model = metrics.model(model_id)
         if len(self.subs) == 1:  # n>1 interleaves its choices' batches: no per-choice ITL
             self._itl = self._model.itl
-        if self.span is not None:
-            self._trace_route(model_id, lease)
+        if self.span is not None:  # also puts its context in the engine requests
+            policy = getattr(backend, "policy", None)
+            self.span.routed(model_id, lease.worker_id, getattr(policy, "name", ""), self.subs)
         return lease
-
-    def _trace_route(self, model_id: str, lease: WorkerLease) -> None:
-        """The span's routing stage and request attributes (vLLM's names), and its context
-        in every engine request's ``trace_headers``."""
-        span = self.span
-        assert span is not None
-        policy = getattr(self.gw.backend, "policy", None)
-        span.event(
-            "routed",
-            {"smg.worker.id": lease.worker_id, "smg.route.policy": getattr(policy, "name", "")},
-        )
-        attributes: dict[str, object] = {
-            "gen_ai.response.model": model_id,
-            "smg.worker.id": lease.worker_id,
-            "gen_ai.request.n": len(self.subs),
-        }
-        if self.subs:
-            sampling = self.subs[0].request.sampling
-            attributes["gen_ai.request.max_tokens"] = sampling.max_tokens
-            attributes["gen_ai.request.temperature"] = sampling.temperature
-            attributes["gen_ai.request.top_p"] = sampling.top_p
-        span.set(attributes)
-        for sub in self.subs:
-            sub.request.trace_headers = span.headers
 
     async def run_with_retry(
         self, model_id: str, client: EngineClient, run: Callable[[EngineClient], Awaitable[None]]
@@ -551,16 +526,15 @@ class RequestCall:
             )
         span, self.span = self.span, None
         if span is not None:
-            span.set(
-                {
-                    "gen_ai.usage.prompt_tokens": self.prompt_tokens,
-                    "gen_ai.usage.completion_tokens": completion_tokens,
-                    "gen_ai.usage.num_sequences": len(self.subs),
-                    "gen_ai.latency.e2e": end - self.start,
-                    "gen_ai.latency.time_to_first_token": ttft_s,
-                }
+            span.end(
+                status,
+                error_code,
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=completion_tokens,
+                sequences=len(self.subs),
+                e2e_s=end - self.start,
+                ttft_s=ttft_s,
             )
-            span.end(status, error_code)
         model, self._model = self._model, None
         if model is not None:
             first, last = self.first_batch, self._last_batch

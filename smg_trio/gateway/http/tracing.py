@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, Tracer
+
+    from smg_trio.gateway.openai.fanout import SubRequest
 
 __all__ = [
     "SPAN_NAME",
@@ -53,21 +55,67 @@ class RequestSpan:
         self.headers = headers
 
     def event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
-        """A stage (``queued``, ``tokenized``, ``routed``, ``first_token``)."""
+        """A stage (``tokenized``, ``first_token``, ``retried``)."""
         self._span.add_event(name, attributes=dict(attributes) if attributes else None)
 
-    def set(self, attributes: Mapping[str, Any]) -> None:
-        """Set attributes (``None`` values are left out)."""
-        self._span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+    def set(self, key: str, value: Any) -> None:
+        """Set one attribute."""
+        self._span.set_attribute(key, value)
 
-    def end(self, status: int, error_code: str | None) -> None:
-        """End with the HTTP status; 5xx marks the span an error (OTel's HTTP server rule)."""
+    def admitted(self, waited_s: float) -> None:
+        """The request got its ``--max-concurrent-requests`` slot after ``waited_s``."""
+        self._span.set_attribute("gen_ai.latency.time_in_queue", waited_s)
+        self._span.add_event("admitted", {"gen_ai.latency.time_in_queue": waited_s})
+
+    def routed(
+        self, model_id: str, worker_id: str, policy: str, subs: Sequence[SubRequest]
+    ) -> None:
+        """The routing stage and the request's attributes (vLLM's names); this span's
+        context goes in every engine request's ``trace_headers``."""
+        span = self._span
+        span.add_event("routed", {"smg.worker.id": worker_id, "smg.route.policy": policy})
+        attributes: dict[str, Any] = {
+            "gen_ai.response.model": model_id,
+            "smg.worker.id": worker_id,
+            "gen_ai.request.n": len(subs),
+        }
+        if subs:
+            sampling = subs[0].request.sampling
+            attributes["gen_ai.request.max_tokens"] = sampling.max_tokens
+            attributes["gen_ai.request.temperature"] = sampling.temperature
+            attributes["gen_ai.request.top_p"] = sampling.top_p
+        span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+        for sub in subs:
+            sub.request.trace_headers = self.headers
+
+    def end(
+        self,
+        status: int,
+        error_code: str | None,
+        *,
+        prompt_tokens: int,
+        completion_tokens: int,
+        sequences: int,
+        e2e_s: float,
+        ttft_s: float | None,
+    ) -> None:
+        """End with the usage, latencies and HTTP status; 5xx marks the span an error
+        (OpenTelemetry's rule for HTTP servers)."""
         from opentelemetry.trace import Status, StatusCode
 
         span = self._span
-        span.set_attribute("http.response.status_code", status)
+        attributes: dict[str, Any] = {
+            "gen_ai.usage.prompt_tokens": prompt_tokens,
+            "gen_ai.usage.completion_tokens": completion_tokens,
+            "gen_ai.usage.num_sequences": sequences,
+            "gen_ai.latency.e2e": e2e_s,
+            "http.response.status_code": status,
+        }
+        if ttft_s is not None:
+            attributes["gen_ai.latency.time_to_first_token"] = ttft_s
         if error_code is not None:
-            span.set_attribute("error.type", error_code)
+            attributes["error.type"] = error_code
+        span.set_attributes(attributes)
         if status >= 500:
             span.set_status(Status(StatusCode.ERROR, error_code))
         span.end()
