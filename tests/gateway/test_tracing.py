@@ -97,7 +97,10 @@ async def test_span_continues_the_callers_trace_to_the_engine(
     ],
 )
 async def test_malformed_traceparent_starts_a_new_trace(
-    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch, traceparent: str
+    harness: HarnessFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    traceparent: str,
 ) -> None:
     with trio.fail_after(DEADLINE_S):
         async with _tracing(monkeypatch) as (tracing, receiver), harness(tracing=tracing) as h:
@@ -113,6 +116,41 @@ async def test_malformed_traceparent_starts_a_new_trace(
     assert span.trace_id not in (TRACE_ID, "0" * 32)
     sent = h.engine.requests[-1].raw.trace_headers
     assert _parent_of(sent["traceparent"]) == (span.trace_id, span.span_id)
+    # a client's bad header never reaches the log through OpenTelemetry's warnings
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+
+
+@pytest.mark.parametrize(
+    "tracestate",
+    [
+        "\x01bad",
+        "a=" + "x" * 600,
+        ",".join(["k=v"] * 2),  # a key twice
+        ",".join(f"k{i}=v" for i in range(33)),  # more than 32 members
+        "=,=",
+        "Upper=1",
+    ],
+)
+async def test_malformed_tracestate_is_dropped_and_the_trace_continues(
+    harness: HarnessFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tracestate: str,
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with _tracing(monkeypatch) as (tracing, receiver), harness(tracing=tracing) as h:
+            r = await h.post(
+                "/v1/completions",
+                {"model": "M", "prompt": "hello", "max_tokens": 1},
+                headers={"traceparent": TRACEPARENT, "tracestate": tracestate},
+            )
+            assert r.status_code == 200
+            await tracing.flush()
+            (span,) = await receiver.wait_for(1)
+    assert (span.trace_id, span.parent_span_id) == (TRACE_ID, PARENT_ID)
+    sent = h.engine.requests[-1].raw.trace_headers
+    assert "tracestate" not in sent
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
 
 
 async def test_an_error_is_on_the_span(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -36,8 +37,42 @@ SPAN_NAME: Final = "llm_request"
 #: The W3C headers carried to the engine (``EngineCoreRequest.trace_headers``), as vLLM's
 #: ``TRACE_HEADERS``.
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
+#: The longest ``traceparent`` and ``tracestate`` passed on (W3C: a ``tracestate`` of at
+#: least 512 characters must be propagated; longer ones may be dropped).
+_MAX_HEADER = 512
+#: W3C trace context's ``tracestate`` member, ``key=value`` (section 3.3.1).
+_MEMBER = re.compile(
+    r"(?:[a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+_MAX_MEMBERS = 32
 #: How long stopping waits for the last export.
 _SHUTDOWN_EXPORT_S: Final = 10.0
+
+
+def _carrier(headers: Any) -> dict[str, str]:
+    """The caller's ``traceparent`` and ``tracestate`` worth parsing: any longer than
+    :data:`_MAX_HEADER` is ignored, and a ``tracestate`` that breaks W3C's grammar (a bad
+    member, more than 32, a key twice) is dropped whole, as the spec allows. OpenTelemetry's
+    parser logs a warning quoting each bad header it meets: a client must not be able to write
+    to the gateway's log at will."""
+    out: dict[str, str] = {}
+    parent = headers.get("traceparent")
+    if not parent or len(parent) > _MAX_HEADER:
+        return out
+    out["traceparent"] = str(parent)
+    state = headers.get("tracestate")
+    if state and len(state) <= _MAX_HEADER:
+        members = [m.strip(" \t") for m in str(state).split(",")]
+        members = [m for m in members if m]
+        keys = {m.partition("=")[0] for m in members}
+        if (
+            len(members) <= _MAX_MEMBERS
+            and len(keys) == len(members)
+            and all(_MEMBER.fullmatch(m) for m in members)
+        ):
+            out["tracestate"] = str(state)
+    return out
 
 
 class TracingUnavailable(RuntimeError):
@@ -193,7 +228,7 @@ class Tracing:
         (a malformed one is ignored and a new trace starts, as the W3C spec says)."""
         from opentelemetry.trace import SpanKind, set_span_in_context
 
-        carrier = {h: str(v) for h in TRACE_HEADERS if (v := headers.get(h))}
+        carrier = _carrier(headers)
         parent = self._propagator.extract(carrier) if carrier else None
         span = self._tracer.start_span(
             SPAN_NAME,
