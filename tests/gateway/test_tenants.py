@@ -213,6 +213,9 @@ async def test_tenant_keys_and_the_shared_key(harness: HarnessFactory) -> None:
                 headers={"x-api-key": KEY_B},
             )
             assert r.status_code == 200, r.text
+            # a tenant's key opens the model routes too (not the admin ones)
+            assert (await h.http.get("/v1/models", headers=_auth(KEY_A))).status_code == 200
+            assert (await h.http.get("/v1/models")).status_code == 401
             metrics = (await h.http.get("/metrics", headers=_auth(SHARED))).text
     assert 'smg_tenant_requests_total{status="200",tenant="a"} 1.0' in metrics
     assert 'smg_tenant_requests_total{status="200",tenant="b"} 2.0' in metrics
