@@ -174,6 +174,28 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="require this bearer key on /workers and /get_loads (default: the --api-key)",
     )
     g.add_argument(
+        "--api-keys-file",
+        metavar="PATH",
+        help="tenants: a JSON or TOML file of named API keys, each with its own "
+        "max_concurrent_requests and tokens_per_minute; read once at start "
+        "(docs/security.md#tenants)",
+    )
+    g.add_argument(
+        "--tenant-api-key",
+        action="extend",
+        nargs="+",
+        metavar="NAME:KEY",
+        help="a tenant's API key, no limits (smg's tenant:key; repeatable). A key on the "
+        "command line shows in ps: prefer --api-keys-file",
+    )
+    g.add_argument(
+        "--otlp-traces-endpoint",
+        metavar="URL",
+        help="export a span per inference request over OTLP to URL (vLLM's flag; gRPC, or "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); needs smg_trio[otel] "
+        "(docs/observability.md)",
+    )
+    g.add_argument(
         "--enable-http2",
         action="store_true",
         help="also serve cleartext HTTP/2 (prior knowledge, Upgrade: h2c); off by default: "
@@ -666,6 +688,9 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "policy": args.policy,
         "api_key": args.api_key,
         "admin_api_key": args.admin_api_key,
+        "otlp_traces_endpoint": args.otlp_traces_endpoint,
+        "api_keys_file": args.api_keys_file,
+        "tenant_api_keys": tuple(args.tenant_api_key or ()),
         "reasoning_parser": args.reasoning_parser,
         "tool_call_parser": args.tool_call_parser,
         "enable_auto_tool_choice": args.enable_auto_tool_choice,
@@ -708,6 +733,22 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             )
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         _usage_error("--enable-auto-tool-choice needs --tool-call-parser NAME")
+    if args.api_keys_file is not None or args.tenant_api_key:
+        from smg_trio.gateway.http.tenants import TenantsError, load_tenants
+
+        try:
+            load_tenants(args.api_keys_file, args.tenant_api_key or ())
+        except TenantsError as exc:
+            _usage_error(str(exc))
+    tracing = args.otlp_traces_endpoint is not None
+    if tracing and importlib.util.find_spec("opentelemetry.sdk") is None:
+        _usage_error("--otlp-traces-endpoint needs OpenTelemetry: pip install 'smg_trio[otel]'")
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
+    if tracing and protocol not in ("grpc", "http/protobuf"):
+        _usage_error(
+            f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL={protocol!r} is not supported with "
+            "--otlp-traces-endpoint (use 'grpc' or 'http/protobuf')"
+        )
     for owned in ("--revision", "--tokenizer-revision"):
         if any(a == owned or a.startswith(owned + "=") for a in engine_args):
             _usage_error(

@@ -661,6 +661,8 @@ class MockEngine:
                     stop_reason=stop,
                     prefill_stats=prefill,
                     error=req.error if reason == "error" else None,
+                    # vLLM's scheduler echoes the request's trace context on its outputs
+                    trace_headers=getattr(req.raw, "trace_headers", None),
                 )
             )
         env = vllm.EngineCoreOutputs(

@@ -185,6 +185,8 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     arrival_time: float = 0.0
     #: vLLM's request priority: lower is scheduled first under ``--scheduling-policy priority``.
     priority: int = 0
+    #: W3C ``traceparent``/``tracestate`` of the gateway's request span (tracing on only).
+    trace_headers: dict[str, str] | None = None
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):

@@ -421,6 +421,7 @@ class VllmProtocol:
             data_parallel_rank=request.data_parallel_rank,
             client_index=self.client_index,
             priority=request.priority,
+            trace_headers=request.trace_headers,
         )
         return [ADD, encoder.encode(wire)]
 

@@ -13,6 +13,8 @@ import trio
 
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.app import create_app, serve_http
+from smg_trio.gateway.http.tenants import SharedLedger, TenantGate, load_tenants
+from smg_trio.gateway.http.tracing import Tracing, open_tracing
 from smg_trio.gateway.openai.errors import ApiError
 from smg_trio.serve.admin import admin_blueprint
 from smg_trio.serve.admin_schema import ADMIN_OPERATIONS
@@ -116,6 +118,27 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         enable_auto_tool_choice=config.enable_auto_tool_choice,
         enable_prompt_tokens_details=config.enable_prompt_tokens_details,
     )
+
+
+async def start_tracing(
+    config: GatewayConfig, nursery: trio.Nursery, process: str
+) -> Tracing | None:
+    """``--otlp-traces-endpoint``'s tracer, its export task started in ``nursery`` (``None``
+    without the flag). Raises ``TracingUnavailable`` without OpenTelemetry."""
+    if config.otlp_traces_endpoint is None:
+        return None
+    tracing = open_tracing(config.otlp_traces_endpoint, process=process)
+    if tracing is not None:
+        await nursery.start(tracing.run)
+        log.info("tracing: spans go to %s", tracing.endpoint)
+    return tracing
+
+
+def tenant_gate(config: GatewayConfig, shared: SharedLedger | None = None) -> TenantGate | None:
+    """The tenants of ``--api-keys-file`` and ``--tenant-api-key`` (read now), or ``None``;
+    ``shared``: the frontends' common ledger. Raises ``TenantsError``."""
+    table = load_tenants(config.api_keys_file, config.tenant_api_keys)
+    return None if table is None else TenantGate(table, shared)
 
 
 def _confinement(config: GatewayConfig) -> WorkerConfinement:
@@ -441,7 +464,14 @@ async def _serve_in(
                 partial(serve_http, control, bind=f"unix:{os.path.join(run_dir, CONTROL_SOCKET)}")
             )
         else:
-            app = create_app(manager, _http_config(config), operations=ADMIN_OPERATIONS)
+            tracing = await start_tracing(config, nursery, "gateway")
+            app = create_app(
+                manager,
+                _http_config(config),
+                operations=ADMIN_OPERATIONS,
+                tracing=tracing,
+                tenants=tenant_gate(config),
+            )
             app.register_blueprint(admin)
             binds: list[str] = await nursery.start(serve_http, app, config.host, config.port)
             host, _, port_text = binds[0].removeprefix("http://").rpartition(":")

@@ -98,6 +98,11 @@ class GatewayConfig:
     policy: str = DEFAULT_POLICY
     api_key: str | None = None
     admin_api_key: str | None = None
+    #: Tenants (docs/security.md#tenants): ``--api-keys-file`` and ``--tenant-api-key``.
+    api_keys_file: str | None = None
+    tenant_api_keys: tuple[str, ...] = attrs.field(default=(), repr=False)
+    #: ``--otlp-traces-endpoint``: export request spans there (docs/observability.md).
+    otlp_traces_endpoint: str | None = None
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False

@@ -10,7 +10,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, Literal, TypeVar
 
 import msgspec
 import trio
@@ -24,6 +24,7 @@ from smg_trio.exc_groups import is_cancellation
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.admission import AdmissionGate
 from smg_trio.gateway.http.metrics import FastHistogram, GatewayMetrics, ModelStats
+from smg_trio.gateway.http.tenants import OTHER, TenantCollector
 from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.errors import (
     ApiError,
@@ -51,6 +52,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from smg_trio.gateway.http.fastroute import AsgiRequest
+    from smg_trio.gateway.http.tenants import Tenant, TenantGate
+    from smg_trio.gateway.http.tracing import RequestSpan, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +116,24 @@ class Gateway:
     engine)."""
 
     def __init__(
-        self, backend: GatewayBackend, config: GatewayHttpConfig, metrics: GatewayMetrics
+        self,
+        backend: GatewayBackend,
+        config: GatewayHttpConfig,
+        metrics: GatewayMetrics,
+        tracing: Tracing | None = None,
+        tenants: TenantGate | None = None,
     ) -> None:
         self.backend = backend
         self.config = config
         self.metrics = metrics
+        #: The request spans' tracer (``--otlp-traces-endpoint``); ``None``: tracing is off.
+        self.tracing = tracing
+        #: The tenants' keys and limits (``--api-keys-file``); ``None``: no tenants.
+        self.tenants = tenants
+        self.tenant_metrics: TenantCollector | None = None
+        if tenants is not None:
+            self.tenant_metrics = TenantCollector(tenants, tenants.table.names)
+            metrics.registry.register(self.tenant_metrics)
         # vLLM's convention (0.10+): the engine id is the external id plus a unique suffix.
         self._id_nonce = secrets.token_hex(3)
         self._id_seq = itertools.count()
@@ -168,22 +184,44 @@ class Gateway:
                 return str(value)
         return _random_id()
 
-    def check_auth(self, request: Request | AsgiRequest, *, x_api_key: bool = False) -> None:
-        """401 unless the bearer token matches the configured API key (if any); with
-        ``x_api_key`` (Anthropic's routes) an ``x-api-key`` header holding the key also does."""
-        if self._api_key is None:
-            return
+    def check_auth(
+        self, request: Request | AsgiRequest, *, x_api_key: bool = False
+    ) -> Tenant | None:
+        """401 unless the bearer token matches the configured API key or a tenant's key (if
+        any is configured); with ``x_api_key`` (Anthropic's routes) an ``x-api-key`` header
+        holding a key also does. Returns the tenant whose key it was (``None``: the shared
+        key, or no auth configured). Keys are compared in constant time."""
+        tenants = self.tenants
+        if self._api_key is None and tenants is None:
+            return None
+        headers = request.headers
         if x_api_key:
-            given = request.headers.get("x-api-key")
-            if given is not None and hmac.compare_digest(given.strip().encode(), self._api_key):
-                return
-        if not bearer_matches(request.headers.get("authorization", ""), self._api_key):
-            raise ApiError(
-                401,
-                "Incorrect API key provided.",
-                code="invalid_api_key",
-                error_type="authentication_error",
-            )
+            given = headers.get("x-api-key")
+            if given is not None:
+                found = self._key_of(given.strip().encode())
+                if found is not False:
+                    return found
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            found = self._key_of(token.strip().encode())
+            if found is not False:
+                return found
+        raise ApiError(
+            401,
+            "Incorrect API key provided.",
+            code="invalid_api_key",
+            error_type="authentication_error",
+        )
+
+    def _key_of(self, presented: bytes) -> Tenant | Literal[False] | None:
+        """``None`` for the shared ``--api-key``, the tenant of a tenant key, else False."""
+        if self._api_key is not None and hmac.compare_digest(presented, self._api_key):
+            return None
+        if self.tenants is not None:
+            tenant = self.tenants.table.lookup(presented)
+            if tenant is not None:
+                return tenant
+        return False
 
     async def resolve_model(self, name: str | None) -> ServedModel:
         """Exact, case- and space-sensitive lookup. A missing ``model`` picks the only known
@@ -272,6 +310,14 @@ class RequestCall:
         self._admitted = False
         #: Size of the request body, which decides whether tokenizing goes to a thread.
         self.body_bytes = 0
+        #: The tenant whose key authenticated the request (its metrics label), and the
+        #: tenant whose slot the request holds until :meth:`close`.
+        self.tenant_name: str = OTHER
+        self._tenant_held: Tenant | None = None
+        #: This request's span (``None`` unless tracing is on).
+        self.span: RequestSpan | None = (
+            None if gw.tracing is None else gw.tracing.start(request.headers, endpoint, rid)
+        )
         gw.metrics.in_flight.inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s started (Content-Type %r)", rid, endpoint, request.content_type)
@@ -288,7 +334,11 @@ class RequestCall:
         bodies held in memory are bounded by the admission limits (an upload is bounded in
         time by the body timeout). While draining: 503 before the body is read, so a stopping gateway spends
         nothing (reading, tokenizing) on requests it will refuse."""
-        self.gw.check_auth(self.request, x_api_key=self._x_api_key)
+        tenant = self.gw.check_auth(self.request, x_api_key=self._x_api_key)
+        if tenant is not None:
+            self.tenant_name = tenant.name
+            if self.span is not None:
+                self.span.set("smg.tenant", tenant.name)
         if self.gw.backend.draining:
             raise ApiError(503, "the gateway is shutting down", code="draining")
         mime = (self.request.mimetype or "").lower()
@@ -299,17 +349,30 @@ class RequestCall:
                 "only application/json is accepted",
                 code="unsupported_media_type",
             )
+        if tenant is not None and self.gw.tenants is not None:
+            self.gw.tenants.enter(tenant)  # 429 over the tenant's limits
+            self._tenant_held = tenant
         gate = self.gw.admission
         gate.arrive(self)  # a slot, or a bounded queue place (else 429)
         self._admitted = True
         length = self.request.headers.get("content-length")
         if not gate.may_read_body(self, int(length) if length and length.isdigit() else None):
-            await gate.wait_turn(self)  # a body over the queue's budget: unread, priority 0
+            await self._wait_turn(0)  # a body over the queue's budget: unread, priority 0
             return await self._read_decode(type_)
         body = await self._read_decode(type_)
         # the wait for a slot is ordered by the body's priority (vLLM's: lower first)
-        await gate.wait_turn(self, getattr(body, "priority", None) or 0)
+        await self._wait_turn(getattr(body, "priority", None) or 0)
         return body
+
+    async def _wait_turn(self, priority: int) -> None:
+        """The admission slot (see :meth:`read_body`); the wait is the span's queue time."""
+        span = self.span
+        if span is None:
+            await self.gw.admission.wait_turn(self, priority)
+            return
+        queued = time.perf_counter()
+        await self.gw.admission.wait_turn(self, priority)
+        span.admitted(time.perf_counter() - queued)
 
     async def _read_decode(self, type_: type[T]) -> T:
         try:
@@ -328,8 +391,12 @@ class RequestCall:
         concurrency): a client that goes away waits for at most one encode of a prompt that
         can fit the context (larger ones are refused before encoding)."""
         if self.body_bytes < TOKENIZE_OFFLOAD_BYTES:
-            return fn()
-        return await trio.to_thread.run_sync(fn, limiter=self.gw.tokenizer_limiter)
+            out = fn()
+        else:
+            out = await trio.to_thread.run_sync(fn, limiter=self.gw.tokenizer_limiter)
+        if self.span is not None:
+            self.span.event("tokenized")
+        return out
 
     def reserve_ids(self) -> ResponseIds:
         """The response's ids, with a fresh engine request id base: the response id plus a
@@ -353,6 +420,9 @@ class RequestCall:
         self._model = metrics.model(model_id)
         if len(self.subs) == 1:  # n>1 interleaves its choices' batches: no per-choice ITL
             self._itl = self._model.itl
+        if self.span is not None:  # also puts its context in the engine requests
+            policy = getattr(backend, "policy", None)
+            self.span.routed(model_id, lease.worker_id, getattr(policy, "name", ""), self.subs)
         return lease
 
     async def run_with_retry(
@@ -373,6 +443,8 @@ class RequestCall:
             if other is None:
                 raise
             log.info("%s: %s; retrying on worker %s", self.request_id, exc, other.worker_id)
+            if self.span is not None:
+                self.span.event("retried", {"smg.worker.id": other.worker_id})
             await run(other.client)
 
     def _lease_elsewhere(self, model_id: str) -> WorkerLease | None:
@@ -399,6 +471,8 @@ class RequestCall:
         last, self._last_batch = self._last_batch, now
         if last is None:
             self.first_batch = now
+            if self.span is not None:
+                self.span.event("first_token")
         elif self._itl is not None:
             self._itl.observe(now - last)
 
@@ -436,7 +510,15 @@ class RequestCall:
             return
         self._closed = True
         gw = self.gw
-        log.debug("%s %s finished: %d %s", self.request_id, self.endpoint, status, error_code or "")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s %s finished: %d %s (tenant %s)",
+                self.request_id,
+                self.endpoint,
+                status,
+                error_code or "",
+                self.tenant_name,
+            )
         gw.metrics.in_flight.dec()
         if self._admitted:
             self._admitted = False
@@ -465,6 +547,26 @@ class RequestCall:
             completion_tokens=completion_tokens,
             error_code=error_code,
         )
+        held, self._tenant_held = self._tenant_held, None
+        if held is not None and gw.tenants is not None:
+            # the prompt counts once an engine got it (a lease was taken)
+            leased = cm is not None
+            gw.tenants.leave(held, (self.prompt_tokens if leased else 0) + completion_tokens)
+        if gw.tenant_metrics is not None:
+            gw.tenant_metrics.finished(
+                self.tenant_name, status, self.prompt_tokens, completion_tokens
+            )
+        span, self.span = self.span, None
+        if span is not None:
+            span.end(
+                status,
+                error_code,
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=completion_tokens,
+                sequences=len(self.subs),
+                e2e_s=end - self.start,
+                ttft_s=ttft_s,
+            )
         model, self._model = self._model, None
         if model is not None:
             first, last = self.first_batch, self._last_batch
