@@ -167,6 +167,10 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     data_parallel_rank: int | None = None
     stream: bool = True
     arrival_time: float = 0.0
+    #: The DP rank the routing policy chose (``cache_aware``: the rank holding the prompt's
+    #: prefix): the connector takes it unless ``data_parallel_rank`` pins one or that rank is
+    #: down. Gateway-side only, never sent to the engine.
+    rank_hint: int | None = None
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):

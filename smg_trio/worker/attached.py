@@ -14,6 +14,7 @@ import msgspec
 import trio
 
 from smg_trio.backend import ServedModel, WorkerLease
+from smg_trio.routing.cache_aware import RouteRequest
 from smg_trio.connector.client import attach_engine_client
 from smg_trio.errors import EngineError, SmgError
 from smg_trio.protocol.addresses import worker_addresses
@@ -112,10 +113,12 @@ class FrontendManager(WorkerManager):
         self._deferred: set[str] = set()
 
     @contextmanager
-    def lease(self, model_id: str, exclude: Collection[str] = ()) -> Iterator[WorkerLease]:
+    def lease(
+        self, model_id: str, exclude: Collection[str] = (), route: RouteRequest | None = None
+    ) -> Iterator[WorkerLease]:
         worker: WorkerState | None = None
         try:
-            with super().lease(model_id, exclude) as lease:
+            with super().lease(model_id, exclude, route) as lease:
                 worker = self.get_worker(lease.worker_id)
                 self._publish(worker)
                 yield lease

@@ -40,7 +40,13 @@ from smg_trio.worker.jobs import (
     JobTable,
     RegistrationJob,
 )
-from smg_trio.worker.policies import DEFAULT_POLICY, LoadBalancingPolicy, make_policy
+from smg_trio.routing.cache_aware import CacheAwareConfig
+from smg_trio.worker.policies import (
+    DEFAULT_POLICY,
+    LoadBalancingPolicy,
+    RouteRequest,
+    make_policy,
+)
 from smg_trio.worker.registration import (
     RegistrationTiming,
     bind_retryable,
@@ -164,6 +170,12 @@ class WorkerState(Worker):
         if c is not None:
             self.loads = tuple(c.load())
         return super().load_score()
+
+    def rank_loads(self) -> list[tuple[int, float]]:
+        """``(DP rank, load score)`` of each connected engine (the connector's rank score:
+        every frontend's in-flight requests or running + waiting)."""
+        c = self.engine_client
+        return [] if c is None else c.rank_scores()
 
     def to_json(self) -> dict[str, Any]:
         """The ``/workers`` representation."""
@@ -321,6 +333,7 @@ class WorkerManager:
         nursery: trio.Nursery,
         *,
         policy: str = DEFAULT_POLICY,
+        cache: CacheAwareConfig | None = None,
         ready_timeout_s: float = READY_TIMEOUT_S,
         silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
@@ -345,7 +358,7 @@ class WorkerManager:
         self.tcp = attrs.evolve(
             tcp, allowed_hosts=(*tcp.allowed_hosts, *self.confinement.engine_hosts)
         )
-        self.policy: LoadBalancingPolicy = make_policy(policy)
+        self.policy: LoadBalancingPolicy = make_policy(policy, cache=cache)
         self.ready_timeout_s = ready_timeout_s
         self.silence_timeout_s = silence_timeout_s
         self.drain_timeout_s = drain_timeout_s
@@ -431,10 +444,15 @@ class WorkerManager:
         )
 
     @contextmanager
-    def lease(self, model_id: str, exclude: Collection[str] = ()) -> Iterator[WorkerLease]:
+    def lease(
+        self, model_id: str, exclude: Collection[str] = (), route: RouteRequest | None = None
+    ) -> Iterator[WorkerLease]:
         if self._draining:
             raise NoWorkerAvailable("the gateway is draining")
-        worker = self.registry.select(model_id, self.policy, exclude)
+        worker, rank = self.registry.select_engine(model_id, self.policy, exclude, route) or (
+            None,
+            None,
+        )
         if not isinstance(worker, WorkerState) or worker.engine_client is None:
             raise NoWorkerAvailable(f"no healthy worker for model {model_id!r}")
         client = worker.engine_client
@@ -442,7 +460,7 @@ class WorkerManager:
         if worker.idle.is_set():
             worker.idle = trio.Event()
         try:
-            yield WorkerLease(worker_id=worker.worker_id, client=client)
+            yield WorkerLease(worker_id=worker.worker_id, client=client, rank_hint=rank)
         except EngineError:
             worker.circuit.record_failure()
             raise
