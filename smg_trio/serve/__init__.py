@@ -361,7 +361,8 @@ async def _serve_in(
     async with trio.open_nursery() as nursery:
         manager = WorkerManager(
             nursery,
-            policy=config.policy,            cache=cache_aware_config(config),
+            policy=config.policy,
+            cache=cache_aware_config(config),
             ready_timeout_s=config.worker_startup_timeout_s,
             silence_timeout_s=config.engine_silence_timeout_s,
             confinement=_confinement(config),

@@ -16,11 +16,11 @@ from smg_trio.gateway.config import (
     DEFAULT_RESPONSES_STORE_SIZE,
     DEFAULT_WRITE_TIMEOUT_S,
 )
+from smg_trio.routing.cache_aware import CacheAwareConfig
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.tcp import DEFAULT_HEARTBEAT_IVL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from smg_trio.worker.jobs import DEFAULT_JOB_TTL_S, DEFAULT_MAX_FINISHED_JOBS
 from smg_trio.worker.manager import WORKER_WAIT_TIMEOUT_S
-from smg_trio.routing.cache_aware import CacheAwareConfig
 from smg_trio.worker.policies import DEFAULT_POLICY
 
 __all__ = [

@@ -26,6 +26,7 @@ from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol
 from smg_trio.protocol.vllm import VllmProtocol
+from smg_trio.routing.cache_aware import CacheAwareConfig
 from smg_trio.tokenizer.core import Tokenizer, load_model_json
 from smg_trio.tokenizer.eos import resolve_eos
 from smg_trio.tokenizer.hub import HubModelError, is_hub_id, is_revision, resolve_hub_model
@@ -40,9 +41,10 @@ from smg_trio.worker.jobs import (
     JobTable,
     RegistrationJob,
 )
-from smg_trio.routing.cache_aware import CacheAwareConfig
+from smg_trio.worker.kv_feed import KvFeed
 from smg_trio.worker.policies import (
     DEFAULT_POLICY,
+    CacheAwarePolicy,
     LoadBalancingPolicy,
     RouteRequest,
     make_policy,
@@ -359,6 +361,13 @@ class WorkerManager:
             tcp, allowed_hosts=(*tcp.allowed_hosts, *self.confinement.engine_hosts)
         )
         self.policy: LoadBalancingPolicy = make_policy(policy, cache=cache)
+        #: Whether this process routes requests (so it needs the engines' KV events): not the
+        #: supervisor of several frontends, which subscribe themselves.
+        self.routes_requests = client_count == 1
+        #: ``cache_aware``'s KV event feed (one subscription per publishing engine).
+        self.kv_feed: KvFeed | None = None
+        if isinstance(self.policy, CacheAwarePolicy):
+            self.kv_feed = KvFeed(self.policy.router, self.confinement, can_bind=client_count == 1)
         self.ready_timeout_s = ready_timeout_s
         self.silence_timeout_s = silence_timeout_s
         self.drain_timeout_s = drain_timeout_s
@@ -848,6 +857,8 @@ class WorkerManager:
                             raise
 
                     task_status.started(connect)
+                    if self.kv_feed is not None and self.routes_requests:
+                        nursery.start_soon(self.kv_feed.run_worker, worker)
                     await trio.sleep_forever()
         finally:
             stopped.set()
