@@ -18,9 +18,12 @@ The rule (in order):
    block size. When the best share of the prompt's full blocks is above ``cache_threshold``,
    the engines with that best match compete (one, usually: the engine that served the
    conversation's earlier turns).
-4. **Placement**: otherwise (a new prefix, or a tie such as a shared system prompt cached
-   everywhere) the least loaded engine, ties broken by the fewest sessions placed so far,
-   then the fewest blocks indexed. New conversations are thus spread evenly, and each one's
+4. **Placement**: otherwise the least loaded engine, ties broken by the fewest
+   conversations placed so far, then the longest match, then the fewest blocks indexed. A
+   match that ends at a *fork* (a block other prompts continued past differently: a prefix
+   many conversations share, such as a system prompt) is a new conversation, so it is
+   placed too, instead of every new conversation following the first to the engine that
+   first held the shared prompt. New conversations are thus spread evenly, and each one's
    next turn looks, through the index, where its first turn went.
 """
 
@@ -213,10 +216,10 @@ class CacheAwareRouter:
         loads = [c.load for c in candidates]
         lo, hi = min(loads), max(loads)
         if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
-            return Decision(self._place(candidates, count=False), "balance")
+            return Decision(self._place(candidates), "balance")
         if request.session_key is not None:
             return Decision(_rendezvous(request.session_key, candidates), "session")
-        matched, total = self._matches(request, candidates)
+        matched, total, forked = self._matches(request, candidates)
         best_share = 0.0
         for c in candidates:
             t = total.get(c.engine, 0)
@@ -229,16 +232,21 @@ class CacheAwareRouter:
                 if total.get(c.engine, 0)
                 and matched.get(c.engine, 0) / total[c.engine] >= best_share
             ]
-            engine = best[0].engine if len(best) == 1 else self._place(best, count=True)
-            return Decision(engine, "cache", matched.get(engine, 0), total.get(engine, 0))
-        engine = self._place(candidates, count=True)
+            if not all(c.engine in forked for c in best):
+                engine = best[0].engine if len(best) == 1 else self._place(best, matched)
+                return Decision(engine, "cache", matched.get(engine, 0), total.get(engine, 0))
+            # the match ends where other prompts went on differently: a prefix shared by
+            # many conversations (a system prompt), not this one's history. A new
+            # conversation: placed for balance (holding the shared prefix breaks ties).
+        engine = self._place(candidates, matched)
         return Decision(engine, "placement", matched.get(engine, 0), total.get(engine, 0))
 
     def _matches(
         self, request: RouteRequest, candidates: Sequence[EngineCandidate]
-    ) -> tuple[dict[EngineKey, int], dict[EngineKey, int]]:
+    ) -> tuple[dict[EngineKey, int], dict[EngineKey, int], set[EngineKey]]:
         """Matched and total full blocks of the prompt per engine (engines of one block size
-        share one key chain and one lookup per index)."""
+        share one key chain and one lookup per index), and the engines whose match ends at a
+        fork (see :meth:`KvIndex.is_fork`) with more of the prompt after it."""
         by_size: dict[tuple[int, bool], list[EngineKey]] = {}
         for c in candidates:
             e = c.engine
@@ -252,6 +260,7 @@ class CacheAwareRouter:
                 by_size.setdefault((bs, False), []).append(e)
         matched: dict[EngineKey, int] = {}
         total: dict[EngineKey, int] = {}
+        forked: set[EngineKey] = set()
         chains: dict[int, list[int]] = {}
         for (bs, from_events), engines in by_size.items():
             keys = chains.get(bs)
@@ -263,19 +272,33 @@ class CacheAwareRouter:
                     cache_salt=request.cache_salt,
                 )
             index = self.events if from_events else self.approx
-            matched.update(index.match(keys, engines))
+            found = index.match(keys, engines)
+            matched.update(found)
             for e in engines:
                 total[e] = len(keys)
-        return matched, total
+            for e, depth in found.items():
+                if 0 < depth < len(keys) and index.is_fork(keys[depth - 1]):
+                    forked.add(e)
+        return matched, total, forked
 
-    def _place(self, candidates: Sequence[EngineCandidate], *, count: bool) -> EngineKey:
-        """The least loaded engine; ties: fewest placements, then fewest indexed blocks."""
+    def _place(
+        self, candidates: Sequence[EngineCandidate], matched: dict[EngineKey, int] | None = None
+    ) -> EngineKey:
+        """The least loaded engine; ties: fewest conversations placed, then the longest
+        match, then fewest indexed blocks. Counts a placement (not for ``balance``, which
+        passes no ``matched``)."""
         placements = self._placements
+        m = matched or {}
         best = min(
             candidates,
-            key=lambda c: (c.load, placements.get(c.engine, 0), self.blocks(c.engine)),
+            key=lambda c: (
+                c.load,
+                placements.get(c.engine, 0),
+                -m.get(c.engine, 0),
+                self.blocks(c.engine),
+            ),
         )
-        if count and best.engine in placements:
+        if matched is not None and best.engine in placements:
             placements[best.engine] += 1
         return best.engine
 

@@ -82,6 +82,11 @@ class KvIndex:
         self._engines: dict[EngineKey, _Engine] = {}
         #: Content key -> the engines holding it.
         self._where: dict[int, set[EngineKey]] = {}
+        #: Content key -> the first key seen after it; keys seen with two different
+        #: continuations are in ``_forks`` (a prefix several prompts share, such as a system
+        #: prompt). Both shrink with ``_where``.
+        self._child: dict[int, int] = {}
+        self._forks: set[int] = set()
 
     # -- engines -------------------------------------------------------------------------
 
@@ -200,6 +205,7 @@ class KvIndex:
             parent=parent if parent is not None else chain_seed(lora_name),
             extras=extras,
         )
+        self._link(parent, keys)
         for h, key in zip(block_hashes, keys, strict=True):
             old = state.by_hash.get(h)
             if old is not None and old != key:
@@ -246,6 +252,7 @@ class KvIndex:
         if state is None:
             self.counters.unknown_engine += 1
             return
+        self._link(None, keys)
         for key in keys:
             self._insert(engine, state, key, now)
 
@@ -292,7 +299,24 @@ class KvIndex:
             result[e] = depth
         return result
 
+    def is_fork(self, key: int) -> bool:
+        """Whether prompts were seen continuing past the block ``key`` in two different ways
+        (a shared prefix, such as a system prompt, rather than one conversation's history)."""
+        return key in self._forks
+
     # -- internals -----------------------------------------------------------------------
+
+    def _link(self, parent: int | None, keys: Sequence[int]) -> None:
+        child = self._child
+        prev = parent
+        for key in keys:
+            if prev is not None:
+                seen = child.get(prev)
+                if seen is None:
+                    child[prev] = key
+                elif seen != key:
+                    self._forks.add(prev)
+            prev = key
 
     def _insert(self, engine: EngineKey, state: _Engine, key: int, value: object) -> None:
         keys = state.keys
@@ -323,6 +347,8 @@ class KvIndex:
             holders.discard(engine)
             if not holders:
                 del self._where[key]
+                self._child.pop(key, None)
+                self._forks.discard(key)
 
     def _forget_all(self, engine: EngineKey, state: _Engine) -> None:
         for key in state.keys:

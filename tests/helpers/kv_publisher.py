@@ -94,6 +94,7 @@ async def kv_publisher(
     ctx = zmq_context()
     raw = ctx.socket(zmq.XPUB)
     raw.setsockopt(zmq.LINGER, 0)
+    raw.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription, not only the first
     if connect:
         raw.connect(endpoint)
     else:

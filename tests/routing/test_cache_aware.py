@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from smg_trio.routing.blocks import block_keys
 from smg_trio.routing.cache_aware import (
     CacheAwareConfig,
     CacheAwareRouter,
@@ -167,3 +168,20 @@ def test_config_is_checked() -> None:
         CacheAwareConfig(balance_rel_threshold=0.5)
     with pytest.raises(ValueError, match="no candidate"):
         router(A).choose(RouteRequest(PROMPT), [], 0)
+
+
+def test_a_shared_prefix_does_not_pull_every_new_session_to_one_engine() -> None:
+    """Without events, the system prompt is known only where sessions went. Once two
+    sessions continued past it differently (a fork), a new session matching only the system
+    prompt is placed for balance, not sent after them; a session's own history still wins."""
+    r = router(A, B, events=False)
+    system = list(range(1000, 1000 + 8 * BS))
+    homes = []
+    for s in range(8):
+        d = r.choose(RouteRequest(system + [s] * (2 * BS)), cands(a=0, b=0), now=0)
+        homes.append(d.engine)
+    assert Counter(homes)[A] == Counter(homes)[B] == 4
+    for s in range(8):
+        nxt = system + [s] * (2 * BS) + [s + 50] * BS
+        assert r.choose(RouteRequest(nxt), cands(a=0, b=0), now=0).engine == homes[s]
+    assert r.approx.is_fork(block_keys(system, BS)[-1])

@@ -1,0 +1,249 @@
+"""cache_aware end to end: over HTTP, through a WorkerManager, two mock engines; each
+conversation's later turns land on the engine that holds its prefix (told by the engines' KV
+events, or, without events, by the prompts routed there); two gateways hearing the same
+events route a session alike."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
+from typing import Any
+
+import httpx
+import trio
+
+from smg_trio.gateway.http.app import create_app, serve_http
+from smg_trio.mock.engine import MockEngine, MockEngineConfig
+from smg_trio.mock.tiny_model import default_tiny_model_dir
+from smg_trio.protocol.handshake import decode_ready_response, encode_ready_response
+from smg_trio.routing.cache_aware import CacheAwareRouter, EngineCandidate, RouteRequest
+from smg_trio.worker.confine import WorkerConfinement
+from smg_trio.worker.kv_feed import KvFeed
+from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
+from tests.helpers.ipc import IpcNamespace, free_handshake_address
+from tests.helpers.kv_publisher import KvPublisher, kv_publisher, stored
+
+DEADLINE_S = 30.0
+BLOCK = 128  # the mock's registered block size
+
+
+class PublishingMock(MockEngine):
+    """A mock whose registration announces a KV event publisher at ``endpoint`` (the test
+    publishes for it what it stores)."""
+
+    def __init__(self, handshake: str, endpoint: str | None) -> None:
+        super().__init__(handshake, MockEngineConfig(step_s=0.001, max_model_len=8192))
+        self.endpoint = endpoint
+
+    def registration(self) -> bytes:
+        resp = decode_ready_response(super().registration())
+        if self.endpoint is not None:
+            resp.kv_events_config = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": self.endpoint,
+                "topic": "kv",
+            }
+        return encode_ready_response(resp)
+
+
+class Engine:
+    """One mock engine, its publisher, and the block hashes it has published."""
+
+    def __init__(self, mock: PublishingMock, pub: KvPublisher | None) -> None:
+        self.mock = mock
+        self.pub = pub
+        self.next_hash = 1
+        self.held: dict[tuple[int, ...], int] = {}  # a block's tokens so far -> its hash
+
+    async def store(self, prompt: list[int]) -> None:
+        """Publish BlockStored for the prompt's full blocks not yet held, as vLLM does."""
+        assert self.pub is not None
+        parent = None
+        hashes, tokens = [], []
+        for i in range(len(prompt) // BLOCK):
+            prefix = tuple(prompt[: (i + 1) * BLOCK])
+            h = self.held.get(prefix)
+            if h is not None:
+                parent = h
+                continue
+            h = self.held[prefix] = self.next_hash
+            self.next_hash += 1
+            hashes.append(h)
+            tokens.extend(prompt[i * BLOCK : (i + 1) * BLOCK])
+        if hashes:
+            await self.pub.publish(stored(hashes, tokens, BLOCK, parent=parent))
+
+
+@asynccontextmanager
+async def gateway(ns: IpcNamespace, *, events: bool) -> AsyncIterator[tuple[Any, list[Engine]]]:
+    conf = WorkerConfinement(
+        socket_dirs=(ns.directory, tempfile.gettempdir()),
+        model_dirs=(str(default_tiny_model_dir()),),
+    )
+    async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
+        manager = WorkerManager(nursery, ready_timeout_s=5.0, confinement=conf)
+        engines = []
+        for name in ("a", "b"):
+            hs = free_handshake_address()
+            endpoint = f"ipc://{ns.directory}/kv-{name}" if events else None
+            pub = None
+            if endpoint is not None:
+                pub = await stack.enter_async_context(kv_publisher(endpoint))
+            mock = PublishingMock(hs, endpoint)
+            nursery.start_soon(mock.run)
+            spec = WorkerSpec(
+                url=ns.worker_url(name),
+                model_path=str(default_tiny_model_dir()),
+                model_id="m",
+                zmq_handshake_address=hs,
+            )
+            await manager.register(spec)
+            if pub is not None:
+                await pub.wait_subscribed()
+            engines.append(Engine(mock, pub))
+        app = create_app(manager)
+        binds = await nursery.start(partial(serve_http, app, "127.0.0.1", 0))
+        async with httpx.AsyncClient(base_url=binds[0], timeout=30.0) as http:
+            yield (manager, http), engines
+        nursery.cancel_scope.cancel()
+
+
+async def turn(http: httpx.AsyncClient, engines: list[Engine], prompt: list[int]) -> int:
+    """Send one turn; returns the index of the engine that served it."""
+    before = [len(e.mock.requests) for e in engines]
+    r = await http.post("/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    served = [i for i, e in enumerate(engines) if len(e.mock.requests) > before[i]]
+    assert len(served) == 1
+    return served[0]
+
+
+def conversation(session: int, turns: int) -> list[list[int]]:
+    """Each turn's prompt: a shared system prompt (2 blocks), then the session's history."""
+    system = [7] * (2 * BLOCK)
+    history: list[int] = []
+    out = []
+    for t in range(turns):
+        history += [100 + session] * BLOCK + [300 + t] * 40
+        out.append(system + history)
+    return out
+
+
+async def test_turns_follow_the_engine_that_published_their_blocks(ns: IpcNamespace) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with gateway(ns, events=True) as ((manager, http), engines):
+            feed = manager.kv_feed
+            assert feed is not None
+            homes: dict[int, int] = {}
+            for t in range(4):
+                for s in range(6):
+                    prompt = conversation(s, 4)[t]
+                    where = await turn(http, engines, prompt)
+                    if t == 0:
+                        homes[s] = where
+                    assert where == homes[s], f"session {s} turn {t}"
+                    before = sum(st.batches for st in feed.stats.values())
+                    await engines[where].store(prompt)
+                    while sum(st.batches for st in feed.stats.values()) == before:
+                        await feed.changed.wait()
+            # the sessions were spread over both engines
+            assert sorted(list(homes.values()).count(i) for i in range(2)) == [3, 3]
+
+
+async def test_without_events_turns_follow_the_prompts_routed(ns: IpcNamespace) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with gateway(ns, events=False) as ((manager, http), engines):
+            homes: dict[int, int] = {}
+            for t in range(3):
+                for s in range(4):
+                    where = await turn(http, engines, conversation(s, 3)[t])
+                    homes.setdefault(s, where)
+                    assert where == homes[s]
+            assert sorted(list(homes.values()).count(i) for i in range(2)) == [2, 2]
+            w = manager.workers[0]
+            assert isinstance(w, WorkerState)
+
+
+async def test_a_session_key_header_is_sticky(ns: IpcNamespace) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with gateway(ns, events=False) as ((_, http), engines):
+            where = set()
+            for i in range(6):
+                before = [len(e.mock.requests) for e in engines]
+                r = await http.post(
+                    "/v1/completions",
+                    json={"model": "m", "prompt": [9 + i] * 10, "max_tokens": 2},
+                    headers={"x-session-id": "alice"},
+                )
+                assert r.status_code == 200
+                where |= {j for j, e in enumerate(engines) if len(e.mock.requests) > before[j]}
+            assert len(where) == 1
+
+
+async def test_two_gateways_hearing_the_same_events_route_a_session_alike(
+    ns: IpcNamespace,
+) -> None:
+    """What --api-server-count N relies on: every frontend subscribes to the engine-bound
+    endpoints itself (PUB fans out), so each has the same index and picks the same engine
+    for a session's next turn, whichever frontend the turn reaches."""
+    routers = [CacheAwareRouter(), CacheAwareRouter()]
+    conf = WorkerConfinement(socket_dirs=(ns.directory,), model_dirs=("/tmp",))
+    feeds = [KvFeed(r, conf, can_bind=False) for r in routers]
+
+    class Ready:
+        block_size = BLOCK
+        num_gpu_blocks = 1000
+
+        def __init__(self, endpoint: str) -> None:
+            self.kv_events_config = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": endpoint,
+                "topic": "kv",
+            }
+
+    class Reg:
+        def __init__(self, endpoint: str) -> None:
+            self.index = 0
+            self.ready = Ready(endpoint)
+
+    class Client:
+        def __init__(self, endpoint: str) -> None:
+            self.engines = [Reg(endpoint)]
+
+    class FakeWorker:
+        def __init__(self, worker_id: str, endpoint: str) -> None:
+            self.worker_id = worker_id
+            self.url = ns.worker_url(worker_id)
+            self.client = Client(endpoint)
+            self.client_changed = trio.Event()
+
+    with trio.fail_after(DEADLINE_S):
+        async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
+            engines = {}
+            for wid in ("a", "b"):
+                endpoint = f"ipc://{ns.directory}/kv-{wid}"
+                pub = await stack.enter_async_context(kv_publisher(endpoint))
+                for feed in feeds:
+                    nursery.start_soon(feed.run_worker, FakeWorker(wid, endpoint))
+                for _ in feeds:
+                    await pub.wait_subscribed()
+                engines[wid] = Engine(PublishingMock("tcp://127.0.0.1:1", None), pub)
+            cands = [EngineCandidate(("a", 0), 0.0), EngineCandidate(("b", 0), 0.0)]
+            for s in range(4):
+                prompts = conversation(s, 3)
+                first = routers[s % 2].choose(RouteRequest(prompts[0]), cands, 0.0).engine
+                for t, prompt in enumerate(prompts):
+                    before = [sum(st.batches for st in f.stats.values()) for f in feeds]
+                    await engines[first[0]].store(prompt)
+                    for f, b in zip(feeds, before, strict=True):
+                        while sum(st.batches for st in f.stats.values()) == b:
+                            await f.changed.wait()
+                    if t + 1 < len(prompts):
+                        nxt = prompts[t + 1]
+                        picks = {r.choose(RouteRequest(nxt), cands, 0.0).engine for r in routers}
+                        assert picks == {first}
+            nursery.cancel_scope.cancel()
