@@ -16,9 +16,11 @@ from smg_trio.routing.cache_aware import RouteRequest
 from smg_trio.tokenizer.core import Tokenizer
 
 __all__ = [
+    "EngineIndexStats",
     "GatewayBackend",
     "NoWorkerAvailable",
     "Readiness",
+    "RoutingSnapshot",
     "ServedModel",
     "StaticBackend",
     "WorkerLease",
@@ -55,6 +57,35 @@ class WorkerLease:
     worker_id: str
     client: EngineClient
     rank_hint: int | None = None
+
+
+@attrs.frozen
+class EngineIndexStats:
+    """One engine's part of ``cache_aware``'s index and its KV event feed (``/metrics``)."""
+
+    worker: str
+    rank: int
+    blocks: int
+    #: Whether the engine is indexed by its KV events (else by the prompts routed to it).
+    events: bool
+    events_received: int = 0
+    batches: int = 0
+    gaps: int = 0
+    duplicates: int = 0
+    resets: int = 0
+    replays: int = 0
+    malformed: int = 0
+    lag_s: float = 0.0
+
+
+@attrs.frozen
+class RoutingSnapshot:
+    """``cache_aware``'s state for ``/metrics``: per engine, what the index dropped by
+    reason, and the decisions taken by reason."""
+
+    engines: Sequence[EngineIndexStats]
+    dropped: dict[str, int]
+    decisions: dict[str, int]
 
 
 @attrs.frozen

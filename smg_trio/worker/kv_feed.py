@@ -19,6 +19,7 @@ is counted and dropped. Nothing here is awaited by a request.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from typing import Final
 import attrs
 import trio
 
+from smg_trio.backend import EngineIndexStats, RoutingSnapshot
 from smg_trio.errors import DecodeError, EngineError, SmgError, ValidationError
 from smg_trio.protocol.kv_events import (
     END_SEQ,
@@ -53,6 +55,7 @@ __all__ = [
     "KvFeed",
     "KvTarget",
     "plan_subscription",
+    "routing_snapshot",
     "run_engine_feed",
 ]
 
@@ -432,3 +435,34 @@ class KvFeed:
             self._warn_once(worker, "subscription", f"{type(exc).__name__}: {exc}")
             if key in self.router.events:
                 self.router.add_engine(key, block_size=self.router.events.block_size(key))
+
+
+def routing_snapshot(router: CacheAwareRouter, feed: KvFeed | None) -> RoutingSnapshot:
+    """The router's indexes and the feed's counters, per engine (bounded by the engines
+    registered: a removed worker's engines leave the snapshot)."""
+    engines = []
+    stats = feed.stats if feed is not None else {}
+    for index, events in ((router.events, True), (router.approx, False)):
+        for key in index.engines():
+            st = stats.get(key) if events else None
+            engines.append(
+                EngineIndexStats(
+                    worker=key[0],
+                    rank=key[1],
+                    blocks=index.blocks(key),
+                    events=events,
+                    events_received=st.events if st else 0,
+                    batches=st.batches if st else 0,
+                    gaps=st.gaps if st else 0,
+                    duplicates=st.duplicates if st else 0,
+                    resets=st.resets if st else 0,
+                    replays=st.replays if st else 0,
+                    malformed=st.malformed if st else 0,
+                    lag_s=st.lag_s if st else 0.0,
+                )
+            )
+    dropped: dict[str, int] = {}
+    for index in (router.events, router.approx):
+        for name, value in dataclasses.asdict(index.counters).items():
+            dropped[name] = dropped.get(name, 0) + value
+    return RoutingSnapshot(engines, dropped, {str(k): v for k, v in router.decisions.items()})

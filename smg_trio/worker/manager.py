@@ -13,7 +13,13 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from smg_trio.backend import NoWorkerAvailable, Readiness, ServedModel, WorkerLease
+from smg_trio.backend import (
+    NoWorkerAvailable,
+    Readiness,
+    RoutingSnapshot,
+    ServedModel,
+    WorkerLease,
+)
 from smg_trio.connector.client import (
     ENGINE_SILENCE_DEATH_TIMEOUT_S,
     EngineClient,
@@ -41,7 +47,7 @@ from smg_trio.worker.jobs import (
     JobTable,
     RegistrationJob,
 )
-from smg_trio.worker.kv_feed import KvFeed
+from smg_trio.worker.kv_feed import KvFeed, routing_snapshot
 from smg_trio.worker.policies import (
     DEFAULT_POLICY,
     CacheAwarePolicy,
@@ -479,6 +485,13 @@ class WorkerManager:
             worker.inflight -= 1
             if worker.inflight == 0:
                 worker.idle.set()
+
+    def routing_snapshot(self) -> RoutingSnapshot | None:
+        """``cache_aware``'s index and feed counters (``/metrics``), or ``None`` under
+        another policy."""
+        if not isinstance(self.policy, CacheAwarePolicy):
+            return None
+        return routing_snapshot(self.policy.router, self.kv_feed)
 
     def fail_inflight(self, error: BaseException) -> int:
         """End every in-flight request on every worker with ``error`` (each then sends its

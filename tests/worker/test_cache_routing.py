@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from smg_trio.gateway.http.app import create_app, serve_http
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
@@ -111,6 +112,20 @@ async def gateway(ns: IpcNamespace, *, events: bool) -> AsyncIterator[tuple[Any,
         nursery.cancel_scope.cancel()
 
 
+async def scrape(http: httpx.AsyncClient) -> dict[str, Any]:
+    r = await http.get("/metrics")
+    assert r.status_code == 200
+    return {f.name: f for f in text_string_to_metric_families(r.text)}
+
+
+def samples(fams: dict[str, Any], name: str, *labels: str) -> dict[tuple[str, ...], float]:
+    """``{label values: value}`` of the samples named ``name`` (family looked up by its
+    name without ``_total``)."""
+    family = fams[name.removesuffix("_total")]
+    keys = labels or ("worker", "rank")
+    return {tuple(sm.labels[k] for k in keys): sm.value for sm in family.samples if sm.name == name}
+
+
 async def turn(http: httpx.AsyncClient, engines: list[Engine], prompt: list[int]) -> int:
     """Send one turn; returns the index of the engine that served it."""
     before = [len(e.mock.requests) for e in engines]
@@ -151,6 +166,18 @@ async def test_turns_follow_the_engine_that_published_their_blocks(ns: IpcNamesp
                         await feed.changed.wait()
             # the sessions were spread over both engines
             assert sorted(list(homes.values()).count(i) for i in range(2)) == [3, 3]
+            fams = await scrape(http)
+    blocks = samples(fams, "smg_kv_index_blocks")
+    assert len(blocks) == 2  # one per engine (worker, rank)
+    assert sum(blocks.values()) > 0
+    assert set(samples(fams, "smg_kv_index_from_events").values()) == {1.0}
+    assert sum(samples(fams, "smg_kv_event_batches_total").values()) == 4 * 6
+    assert samples(fams, "smg_kv_event_gaps_total") == dict.fromkeys(blocks, 0.0)
+    decisions = samples(fams, "smg_router_cache_aware_decisions_total", "reason")
+    # the first turns were placed (the second session's followed the first to the engine
+    # holding the system prompt: no fork yet), the later turns chosen by cache
+    assert decisions[("placement",)] == 5
+    assert decisions[("cache",)] == 24 - 5
 
 
 async def test_without_events_turns_follow_the_prompts_routed(ns: IpcNamespace) -> None:
