@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Final
 
-__all__ = ["ROOT_KEY", "block_keys", "chain_seed", "extra_key", "stable_digest"]
+__all__ = ["ROOT_KEY", "block_keys", "chain_seed", "extra_key", "stable_digest", "tail_key"]
 
 #: The seed of a chain with no LoRA adapter.
 ROOT_KEY: Final = 0
@@ -96,3 +96,14 @@ def block_keys(
         prev = hash((prev, block)) if extra is None else hash((prev, block, extra))
         out[i] = prev
     return out
+
+
+def tail_key(token_ids: Sequence[int], block_size: int, keys: Sequence[int]) -> int | None:
+    """A key for the tokens after the prompt's full blocks (``keys``, from
+    :func:`block_keys`), ``None`` when there are none: never a block of the index, only how
+    this prompt goes on past its last full block."""
+    start = len(keys) * block_size
+    if start >= len(token_ids):
+        return None
+    parent = keys[-1] if keys else ROOT_KEY
+    return hash((parent, -1, tuple(token_ids[start:])))

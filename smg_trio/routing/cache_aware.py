@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from smg_trio.routing.blocks import block_keys, stable_digest
+from smg_trio.routing.blocks import block_keys, stable_digest, tail_key
 from smg_trio.routing.index import DEFAULT_MAX_BLOCKS_PER_ENGINE, EngineKey, KvIndex
 
 __all__ = [
@@ -197,21 +197,39 @@ class CacheAwareRouter:
         if not candidates:
             raise ValueError("no candidate engine")
         self._maybe_evict(now)
-        decision = self._decide(request, candidates)
+        chains: dict[int, list[int]] = {}
+        decision = self._decide(request, candidates, chains)
         self.decisions[decision.reason] += 1
         engine = decision.engine
-        if engine in self.approx:
-            bs = self.approx.block_size(engine) or self.config.block_size
-            keys = block_keys(
+        for index in (self.events, self.approx):
+            if engine not in index:
+                continue
+            bs = index.block_size(engine) or self.config.block_size
+            keys = self._chain(request, bs, chains)
+            if index is self.approx:
+                index.record(engine, keys, now)
+            # how the prompt goes on past its full blocks: a second, different continuation
+            # of a block marks it as shared (a fork) before the engine reports anything
+            index.note_prompt(keys, tail_key(request.prompt_token_ids, bs, keys))
+        return decision
+
+    def _chain(self, request: RouteRequest, bs: int, chains: dict[int, list[int]]) -> list[int]:
+        keys = chains.get(bs)
+        if keys is None:
+            keys = chains[bs] = block_keys(
                 request.prompt_token_ids,
                 bs,
                 lora_name=request.lora_name,
                 cache_salt=request.cache_salt,
             )
-            self.approx.record(engine, keys, now)
-        return decision
+        return keys
 
-    def _decide(self, request: RouteRequest, candidates: Sequence[EngineCandidate]) -> Decision:
+    def _decide(
+        self,
+        request: RouteRequest,
+        candidates: Sequence[EngineCandidate],
+        chains: dict[int, list[int]],
+    ) -> Decision:
         cfg = self.config
         loads = [c.load for c in candidates]
         lo, hi = min(loads), max(loads)
@@ -219,7 +237,7 @@ class CacheAwareRouter:
             return Decision(self._place(candidates), "balance")
         if request.session_key is not None:
             return Decision(_rendezvous(request.session_key, candidates), "session")
-        matched, total, forked = self._matches(request, candidates)
+        matched, total, forked = self._matches(request, candidates, chains)
         best_share = 0.0
         for c in candidates:
             t = total.get(c.engine, 0)
@@ -242,7 +260,10 @@ class CacheAwareRouter:
         return Decision(engine, "placement", matched.get(engine, 0), total.get(engine, 0))
 
     def _matches(
-        self, request: RouteRequest, candidates: Sequence[EngineCandidate]
+        self,
+        request: RouteRequest,
+        candidates: Sequence[EngineCandidate],
+        chains: dict[int, list[int]],
     ) -> tuple[dict[EngineKey, int], dict[EngineKey, int], set[EngineKey]]:
         """Matched and total full blocks of the prompt per engine (engines of one block size
         share one key chain and one lookup per index), and the engines whose match ends at a
@@ -261,23 +282,15 @@ class CacheAwareRouter:
         matched: dict[EngineKey, int] = {}
         total: dict[EngineKey, int] = {}
         forked: set[EngineKey] = set()
-        chains: dict[int, list[int]] = {}
         for (bs, from_events), engines in by_size.items():
-            keys = chains.get(bs)
-            if keys is None:
-                keys = chains[bs] = block_keys(
-                    request.prompt_token_ids,
-                    bs,
-                    lora_name=request.lora_name,
-                    cache_salt=request.cache_salt,
-                )
+            keys = self._chain(request, bs, chains)
             index = self.events if from_events else self.approx
             found = index.match(keys, engines)
             matched.update(found)
             for e in engines:
                 total[e] = len(keys)
             for e, depth in found.items():
-                if 0 < depth < len(keys) and index.is_fork(keys[depth - 1]):
+                if depth > 0 and index.is_fork(keys[depth - 1]):
                     forked.add(e)
         return matched, total, forked
 

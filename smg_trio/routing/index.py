@@ -299,6 +299,18 @@ class KvIndex:
             result[e] = depth
         return result
 
+    def note_prompt(self, keys: Sequence[int], tail: int | None = None) -> None:
+        """A prompt routed with this key chain (and ``tail``, how it goes on past its full
+        blocks): where the index holds a block of it, the prompt's next key is one more
+        continuation of that block (see :meth:`is_fork`). Nothing is stored for keys the index
+        does not hold."""
+        where = self._where
+        prev: int | None = None
+        for key in (*keys, tail) if tail is not None else keys:
+            if prev is not None and prev in where:
+                self._link(prev, (key,))
+            prev = key
+
     def is_fork(self, key: int) -> bool:
         """Whether prompts were seen continuing past the block ``key`` in two different ways
         (a shared prefix, such as a system prompt, rather than one conversation's history)."""

@@ -183,3 +183,18 @@ def test_match_is_linear_in_blocks() -> None:
 def test_bad_cap_is_refused() -> None:
     with pytest.raises(ValueError, match="max_blocks"):
         KvIndex(max_blocks_per_engine=0)
+
+
+def test_routed_prompts_mark_forks_only_where_the_index_holds_blocks() -> None:
+    idx = index(A)
+    shared = block_keys(tokens(2), BS)
+    idx.record(A, shared, now=0.0)
+    idx.note_prompt([*shared, 101])
+    assert not idx.is_fork(shared[1])
+    idx.note_prompt([*shared, 102])
+    assert idx.is_fork(shared[1])
+    idx.note_prompt([7, 8, 9], tail=10)  # nothing of it held: nothing kept
+    assert set(idx._child) <= set(idx._where)
+    idx.drop(A)
+    assert not idx.is_fork(shared[1])
+    assert idx._child == {}
