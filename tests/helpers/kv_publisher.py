@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 import trio
 import zmq
 
+from smg_trio.mock.engine import MockEngine, MockEngineConfig
+from smg_trio.protocol.handshake import decode_ready_response, encode_ready_response
 from smg_trio.protocol.kv_events import (
     END_SEQ,
     AllBlocksCleared,
@@ -24,7 +26,10 @@ from smg_trio.protocol.kv_events import (
 )
 from smg_trio.transport.zsocket import ZmqSocket, zmq_context
 
-__all__ = ["KvPublisher", "kv_publisher", "stored"]
+__all__ = ["BLOCK", "KvPublisher", "PublishedEngine", "PublishingMock", "kv_publisher", "stored"]
+
+#: The mock engine's registered block size.
+BLOCK = 128
 
 
 def stored(
@@ -113,6 +118,54 @@ async def kv_publisher(
         pub.close()
         if replay is not None:
             replay.close()
+
+
+class PublishingMock(MockEngine):
+    """A mock whose registration announces a KV event publisher at ``endpoint`` (the test
+    publishes for it what it stores)."""
+
+    def __init__(self, handshake: str, endpoint: str | None) -> None:
+        super().__init__(handshake, MockEngineConfig(step_s=0.001, max_model_len=8192))
+        self.endpoint = endpoint
+
+    def registration(self) -> bytes:
+        resp = decode_ready_response(super().registration())
+        if self.endpoint is not None:
+            resp.kv_events_config = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": self.endpoint,
+                "topic": "kv",
+            }
+        return encode_ready_response(resp)
+
+
+class PublishedEngine:
+    """One mock engine, its publisher, and the block hashes it has published."""
+
+    def __init__(self, mock: PublishingMock, pub: KvPublisher | None) -> None:
+        self.mock = mock
+        self.pub = pub
+        self.next_hash = 1
+        self.held: dict[tuple[int, ...], int] = {}  # a block's tokens so far -> its hash
+
+    async def store(self, prompt: list[int]) -> None:
+        """Publish BlockStored for the prompt's full blocks not yet held, as vLLM does."""
+        assert self.pub is not None
+        parent = None
+        hashes, tokens = [], []
+        for i in range(len(prompt) // BLOCK):
+            prefix = tuple(prompt[: (i + 1) * BLOCK])
+            h = self.held.get(prefix)
+            if h is not None:
+                parent = h
+                continue
+            h = self.held[prefix] = self.next_hash
+            self.next_hash += 1
+            hashes.append(h)
+            tokens.extend(prompt[i * BLOCK : (i + 1) * BLOCK])
+        if hashes:
+            await self.pub.publish(stored(hashes, tokens, BLOCK, parent=parent))
 
 
 __all__ += ["AllBlocksCleared", "BlockRemoved"]

@@ -16,70 +16,26 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from smg_trio.gateway.http.app import create_app, serve_http
-from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.mock.tiny_model import default_tiny_model_dir
-from smg_trio.protocol.handshake import decode_ready_response, encode_ready_response
 from smg_trio.routing.cache_aware import CacheAwareRouter, EngineCandidate, RouteRequest
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.kv_feed import KvFeed
 from smg_trio.worker.manager import WorkerManager, WorkerSpec, WorkerState
 from tests.helpers.ipc import IpcNamespace, free_handshake_address
-from tests.helpers.kv_publisher import KvPublisher, kv_publisher, stored
+from tests.helpers.kv_publisher import (
+    BLOCK,
+    PublishedEngine,
+    PublishingMock,
+    kv_publisher,
+)
 
 DEADLINE_S = 30.0
-BLOCK = 128  # the mock's registered block size
-
-
-class PublishingMock(MockEngine):
-    """A mock whose registration announces a KV event publisher at ``endpoint`` (the test
-    publishes for it what it stores)."""
-
-    def __init__(self, handshake: str, endpoint: str | None) -> None:
-        super().__init__(handshake, MockEngineConfig(step_s=0.001, max_model_len=8192))
-        self.endpoint = endpoint
-
-    def registration(self) -> bytes:
-        resp = decode_ready_response(super().registration())
-        if self.endpoint is not None:
-            resp.kv_events_config = {
-                "enable_kv_cache_events": True,
-                "publisher": "zmq",
-                "endpoint": self.endpoint,
-                "topic": "kv",
-            }
-        return encode_ready_response(resp)
-
-
-class Engine:
-    """One mock engine, its publisher, and the block hashes it has published."""
-
-    def __init__(self, mock: PublishingMock, pub: KvPublisher | None) -> None:
-        self.mock = mock
-        self.pub = pub
-        self.next_hash = 1
-        self.held: dict[tuple[int, ...], int] = {}  # a block's tokens so far -> its hash
-
-    async def store(self, prompt: list[int]) -> None:
-        """Publish BlockStored for the prompt's full blocks not yet held, as vLLM does."""
-        assert self.pub is not None
-        parent = None
-        hashes, tokens = [], []
-        for i in range(len(prompt) // BLOCK):
-            prefix = tuple(prompt[: (i + 1) * BLOCK])
-            h = self.held.get(prefix)
-            if h is not None:
-                parent = h
-                continue
-            h = self.held[prefix] = self.next_hash
-            self.next_hash += 1
-            hashes.append(h)
-            tokens.extend(prompt[i * BLOCK : (i + 1) * BLOCK])
-        if hashes:
-            await self.pub.publish(stored(hashes, tokens, BLOCK, parent=parent))
 
 
 @asynccontextmanager
-async def gateway(ns: IpcNamespace, *, events: bool) -> AsyncIterator[tuple[Any, list[Engine]]]:
+async def gateway(
+    ns: IpcNamespace, *, events: bool
+) -> AsyncIterator[tuple[Any, list[PublishedEngine]]]:
     conf = WorkerConfinement(
         socket_dirs=(ns.directory, tempfile.gettempdir()),
         model_dirs=(str(default_tiny_model_dir()),),
@@ -104,7 +60,7 @@ async def gateway(ns: IpcNamespace, *, events: bool) -> AsyncIterator[tuple[Any,
             await manager.register(spec)
             if pub is not None:
                 await pub.wait_subscribed()
-            engines.append(Engine(mock, pub))
+            engines.append(PublishedEngine(mock, pub))
         app = create_app(manager)
         binds = await nursery.start(partial(serve_http, app, "127.0.0.1", 0))
         async with httpx.AsyncClient(base_url=binds[0], timeout=30.0) as http:
@@ -126,7 +82,7 @@ def samples(fams: dict[str, Any], name: str, *labels: str) -> dict[tuple[str, ..
     return {tuple(sm.labels[k] for k in keys): sm.value for sm in family.samples if sm.name == name}
 
 
-async def turn(http: httpx.AsyncClient, engines: list[Engine], prompt: list[int]) -> int:
+async def turn(http: httpx.AsyncClient, engines: list[PublishedEngine], prompt: list[int]) -> int:
     """Send one turn; returns the index of the engine that served it."""
     before = [len(e.mock.requests) for e in engines]
     r = await http.post("/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 2})
@@ -258,7 +214,7 @@ async def test_two_gateways_hearing_the_same_events_route_a_session_alike(
                     nursery.start_soon(feed.run_worker, FakeWorker(wid, endpoint))
                 for _ in feeds:
                     await pub.wait_subscribed()
-                engines[wid] = Engine(PublishingMock("tcp://127.0.0.1:1", None), pub)
+                engines[wid] = PublishedEngine(PublishingMock("tcp://127.0.0.1:1", None), pub)
             cands = [EngineCandidate(("a", 0), 0.0), EngineCandidate(("b", 0), 0.0)]
             for s in range(4):
                 prompts = conversation(s, 3)
