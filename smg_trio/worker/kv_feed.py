@@ -195,13 +195,21 @@ class _EngineFeed:
             self.warn("malformed", str(exc))
             return
         expected = s.next_seq
-        if expected is not None and seq < expected:
+        if expected is not None and seq == 0 and expected > 1:
+            # the publisher started over (a restarted engine that kept its registration):
+            # what it held before is gone
+            s.gaps += 1
+            self.warn("restart", f"sequence 0 after {expected - 1}")
+            self.index.reset(self.engine)
+            s.resets += 1
+            expected = None
+        elif expected is not None and seq < expected:
             s.duplicates += 1
             self.warn("duplicate", f"sequence {seq} again (expected {expected})")
             return
         if expected is None or seq > expected:
             start = 0 if expected is None else expected
-            if seq > start or expected is not None:
+            if seq > start:
                 s.gaps += 1
                 if expected is not None:
                     self.warn("gap", f"sequence {seq} after {expected - 1}")

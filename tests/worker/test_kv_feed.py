@@ -4,6 +4,7 @@ where it may subscribe at all."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -14,12 +15,20 @@ import attrs
 import pytest
 import trio
 
-from smg_trio.protocol.kv_events import AllBlocksCleared, BlockRemoved, KVEventsConfig
+from smg_trio.protocol.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    KVEventBatch,
+    KVEventsConfig,
+    encode_batch,
+    encode_seq,
+)
 from smg_trio.routing.blocks import block_keys
 from smg_trio.routing.cache_aware import CacheAwareRouter
 from smg_trio.routing.index import KvIndex
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.kv_feed import (
+    BURST,
     EngineFeedStats,
     KvFeed,
     KvTarget,
@@ -149,6 +158,65 @@ async def test_duplicates_are_dropped(sockdir: str) -> None:
         await feed.until(lambda: feed.stats.batches == 2)
         assert feed.stats.duplicates == 1
         assert matched(feed.index, toks(1)) == 1  # the duplicate's removal was not applied
+
+
+async def test_a_publisher_that_starts_over_resets_the_engine(sockdir: str) -> None:
+    """Sequence 0 after a longer run: the publisher restarted (its old blocks are gone); its
+    new batches are not dropped as duplicates."""
+    ep = f"ipc://{sockdir}/kv"
+    async with kv_publisher(ep) as pub, feeding(KvTarget(ep, False, "kv"), pub) as feed:
+        await pub.publish(stored([1], toks(1), BS))
+        await pub.publish(stored([2], toks(1, start=40), BS))
+        await pub.publish(stored([3], toks(1, start=80), BS), seq=0)
+        await feed.until(lambda: feed.stats.batches == 3)
+        assert (feed.stats.resets, feed.stats.duplicates) == (1, 0)
+        assert matched(feed.index, toks(1)) == 0
+        assert matched(feed.index, toks(1, start=80)) == 1
+
+
+async def test_a_flood_yields_to_other_tasks_and_stays_bounded(sockdir: str) -> None:
+    """1000 batches sent at once: the feed applies at most BURST messages between two
+    checkpoints (a request task keeps running, at least once every two bursts), and the engine's index stays within its
+    num_gpu_blocks."""
+    ep = f"ipc://{sockdir}/kv"
+    ticks = 0
+    runs: list[int] = []  # the ticker's count at each applied event
+    async with kv_publisher(ep) as pub, feeding(KvTarget(ep, False, "kv"), pub) as feed:
+        feed.index.add_engine(ENGINE, block_size=BS, num_gpu_blocks=100)
+        stored_of = feed.index.stored
+
+        def counting(*args: Any, **kw: Any) -> bool:
+            runs.append(ticks)
+            return stored_of(*args, **kw)
+
+        feed.index.stored = counting  # type: ignore[method-assign]
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            frames = [
+                [b"kv", encode_seq(i), encode_batch(KVEventBatch(ts=0.0, events=[ev]))]
+                for i, ev in enumerate(
+                    stored([i + 1], toks(1, start=10 * i), BS) for i in range(1000)
+                )
+            ]
+
+            def send_all() -> None:  # faster than the feed applies them: a queue builds up
+                for f in frames:
+                    pub.pub.raw.send_multipart(f)
+
+            await trio.to_thread.run_sync(send_all)
+            await feed.until(lambda: feed.stats.batches == 1000)
+            nursery.cancel_scope.cancel()
+    longest = max(sum(1 for _ in group) for _, group in itertools.groupby(runs))
+    # trio runs a batch's tasks in random order, so two bursts can fall between two ticks
+    assert longest <= 2 * BURST < 1000  # far fewer than the flood
+    assert feed.index.blocks(ENGINE) == 100
 
 
 async def test_malformed_messages_are_counted_and_dropped(sockdir: str) -> None:
