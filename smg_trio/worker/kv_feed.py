@@ -386,6 +386,7 @@ class KvFeed:
             for key in engines:
                 self.router.drop_engine(key)
                 self.stats.pop(key, None)
+            self._warned = {w for w in self._warned if w[0] != worker.worker_id}
 
     def _register(
         self, worker: Worker, key: EngineKey, ready: object
@@ -394,7 +395,7 @@ class KvFeed:
         raw = getattr(ready, "kv_events_config", None)
         cfg = decode_kv_events_config(raw)
         if raw is not None and cfg is None:
-            self._warn_once(worker, "config", f"unreadable kv_events_config {raw!r}")
+            self._warn_once(worker, "config", f"unreadable kv_events_config {raw!r:.200}")
         engine_host = "127.0.0.1" if worker.url.startswith("ipc://") else None
         target, why = plan_subscription(
             cfg, engine_host=engine_host, confinement=self.confinement, can_bind=self.can_bind

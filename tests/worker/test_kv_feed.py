@@ -219,6 +219,18 @@ async def test_a_flood_yields_to_other_tasks_and_stays_bounded(sockdir: str) -> 
     assert feed.index.blocks(ENGINE) == 100
 
 
+async def test_events_of_an_engine_the_index_does_not_know_are_counted(sockdir: str) -> None:
+    """The engine was dropped (its worker removed) while its events still arrive."""
+    ep = f"ipc://{sockdir}/kv"
+    async with kv_publisher(ep) as pub, feeding(KvTarget(ep, False, "kv"), pub) as feed:
+        feed.index.drop(ENGINE)
+        await pub.publish(stored([1], toks(1), BS), AllBlocksCleared())
+        await pub.publish(BlockRemoved(block_hashes=[1], medium="GPU"))
+        await feed.until(lambda: feed.stats.batches == 2)
+        assert feed.index.counters.unknown_engine == 3
+        assert len(feed.index) == 0
+
+
 async def test_malformed_messages_are_counted_and_dropped(sockdir: str) -> None:
     ep = f"ipc://{sockdir}/kv"
     async with kv_publisher(ep) as pub, feeding(KvTarget(ep, False, "kv"), pub) as feed:
