@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any
 
 import httpx
+import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -150,20 +151,30 @@ async def test_without_events_turns_follow_the_prompts_routed(ns: IpcNamespace) 
             assert isinstance(w, WorkerState)
 
 
-async def test_a_session_key_header_is_sticky(ns: IpcNamespace) -> None:
+@pytest.mark.parametrize(
+    ("headers", "fields"),
+    [({"x-session-id": "alice"}, {}), ({}, {"prompt_cache_key": "alice"}), ({}, {"user": "al"})],
+)
+async def test_a_session_key_is_sticky(
+    ns: IpcNamespace, headers: dict[str, str], fields: dict[str, str]
+) -> None:
+    """Unrelated prompts with one session key (header, prompt_cache_key or user) go to one
+    engine; without a key the same prompts spread over both."""
     with trio.fail_after(DEADLINE_S):
         async with gateway(ns, events=False) as ((_, http), engines):
-            where = set()
-            for i in range(6):
-                before = [len(e.mock.requests) for e in engines]
-                r = await http.post(
-                    "/v1/completions",
-                    json={"model": "m", "prompt": [9 + i] * 10, "max_tokens": 2},
-                    headers={"x-session-id": "alice"},
-                )
-                assert r.status_code == 200
-                where |= {j for j, e in enumerate(engines) if len(e.mock.requests) > before[j]}
-            assert len(where) == 1
+            for keyed in (True, False):
+                where = set()
+                for i in range(6):
+                    before = [len(e.mock.requests) for e in engines]
+                    body = {"model": "m", "prompt": [9 + i] * 10, "max_tokens": 2}
+                    r = await http.post(
+                        "/v1/completions",
+                        json={**body, **fields} if keyed else body,
+                        headers=headers if keyed else {},
+                    )
+                    assert r.status_code == 200, r.text
+                    where |= {j for j, e in enumerate(engines) if len(e.mock.requests) > before[j]}
+                assert len(where) == (1 if keyed else 2)
 
 
 async def test_two_gateways_hearing_the_same_events_route_a_session_alike(
