@@ -99,6 +99,21 @@ def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def _float_range(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite float in ``[low, high]``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not low <= value <= high or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {text}")
+        return value
+
+    return parse
+
+
 def _seconds(*, allow_zero: bool, allow_inf: bool = False) -> Callable[[str], float]:
     """An argparse type: a duration in seconds (positive, or also 0; finite unless inf is
     allowed)."""
@@ -166,7 +181,51 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--policy",
         default=DEFAULT_POLICY,
         choices=POLICY_NAMES,
-        help="load-balancing policy across workers of a model (default %(default)s)",
+        help="load-balancing policy across the engines of a model (default %(default)s: the "
+        "engine holding the longest cached prefix of the prompt, from the engines' KV events "
+        "or, for engines without them, the prompts routed there; see docs/routing.md)",
+    )
+    g.add_argument(
+        "--cache-threshold",
+        type=_float_range(0.0, 1.0),
+        default=0.3,
+        help="cache_aware: the least share of a prompt's blocks cached on an engine for the "
+        "cache to choose it (default %(default)s)",
+    )
+    g.add_argument(
+        "--balance-abs-threshold",
+        type=_float_range(0.0, float("inf")),
+        default=64.0,
+        help="cache_aware: load goes before the cache once the most and least loaded engines "
+        "differ by more than this many requests... (default %(default)s)",
+    )
+    g.add_argument(
+        "--balance-rel-threshold",
+        type=_float_range(1.0, float("inf")),
+        default=1.5,
+        help="...and the most loaded carries more than this many times the least "
+        "(default %(default)s)",
+    )
+    g.add_argument(
+        "--block-size",
+        type=_int_at_least(1, 1 << 20),
+        default=16,
+        help="cache_aware: tokens per block of the approximate index for an engine whose "
+        "registration names no block size (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-tree-size",
+        type=_int_at_least(1, 1 << 40),
+        default=1 << 26,
+        help="cache_aware: blocks kept per engine in the approximate index of routed prompts "
+        "(also bounded by the engine's num_gpu_blocks; default %(default)s)",
+    )
+    g.add_argument(
+        "--eviction-interval-secs",
+        type=_float_range(0.001, float("inf")),
+        default=120.0,
+        help="cache_aware: how often the approximate index forgets blocks not routed to in "
+        "the last 5 intervals (default %(default)s)",
     )
     g.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on inference endpoints")
     g.add_argument(
@@ -686,6 +745,12 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "port": args.port,
         "served_model_name": args.served_model_name,
         "policy": args.policy,
+        "cache_threshold": args.cache_threshold,
+        "balance_abs_threshold": args.balance_abs_threshold,
+        "balance_rel_threshold": args.balance_rel_threshold,
+        "block_size": args.block_size,
+        "max_tree_size": args.max_tree_size,
+        "eviction_interval_s": args.eviction_interval_secs,
         "api_key": args.api_key,
         "admin_api_key": args.admin_api_key,
         "otlp_traces_endpoint": args.otlp_traces_endpoint,

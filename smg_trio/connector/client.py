@@ -243,6 +243,12 @@ class EngineClient:
             )
         return out
 
+    def rank_scores(self) -> list[tuple[int, float]]:
+        """``(DP rank, load score)`` of each connected rank: in-flight requests (every
+        frontend's) or running + waiting, whichever is larger, plus a KV-pressure penalty
+        on waiting ones (what the connector's own rank choice compares)."""
+        return self._router.scores()
+
     @property
     def wave(self) -> int | None:
         """The lockstep wave clock, or ``None`` for independent ranks."""
@@ -304,7 +310,7 @@ class EngineClient:
         if rid in self._registry:
             raise DuplicateRequestId(rid)
         frames = self.protocol.encode_add(request)
-        slot = self._router.reserve(rid, request.data_parallel_rank)
+        slot = self._router.reserve(rid, request.data_parallel_rank, request.rank_hint)
         entry = _Entry(rid, slot, self._identities[slot], self._router.indices[slot])
         self._registry[rid] = entry
         self._aborted.pop(rid, None)

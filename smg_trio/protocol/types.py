@@ -187,6 +187,10 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     priority: int = 0
     #: W3C ``traceparent``/``tracestate`` of the gateway's request span (tracing on only).
     trace_headers: dict[str, str] | None = None
+    #: The DP rank the routing policy chose (``cache_aware``: the rank holding the prompt's
+    #: prefix): the connector takes it unless ``data_parallel_rank`` pins one or that rank is
+    #: down. Gateway-side only, never sent to the engine.
+    rank_hint: int | None = None
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):

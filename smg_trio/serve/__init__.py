@@ -23,7 +23,7 @@ from smg_trio.serve.commands import (
     build_engine_command,
     reject_handshake_collisions,
 )
-from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
+from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig, cache_aware_config
 from smg_trio.serve.control import CONTROL_SOCKET, control_app
 from smg_trio.serve.discovery import DiscoveryWatcher
 from smg_trio.serve.engine_control import add_engine_control_routes
@@ -387,6 +387,7 @@ async def _serve_in(
         manager = WorkerManager(
             nursery,
             policy=config.policy,
+            cache=cache_aware_config(config),
             ready_timeout_s=config.worker_startup_timeout_s,
             silence_timeout_s=config.engine_silence_timeout_s,
             confinement=_confinement(config),

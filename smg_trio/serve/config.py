@@ -16,6 +16,7 @@ from smg_trio.gateway.config import (
     DEFAULT_RESPONSES_STORE_SIZE,
     DEFAULT_WRITE_TIMEOUT_S,
 )
+from smg_trio.routing.cache_aware import CacheAwareConfig
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.tcp import DEFAULT_HEARTBEAT_IVL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from smg_trio.worker.jobs import DEFAULT_JOB_TTL_S, DEFAULT_MAX_FINISHED_JOBS
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_WORKER_BASE_PORT",
     "EngineLaunchConfig",
     "GatewayConfig",
+    "cache_aware_config",
 ]
 
 # The defaults below and those imported above are the CLI's too (smg_trio/cli.py reads them).
@@ -96,6 +98,13 @@ class GatewayConfig:
     zmq_engine_count: int = 1
     zmq_handshake_address: str | None = None
     policy: str = DEFAULT_POLICY
+    #: ``cache_aware``'s knobs (smg's flags and defaults; see docs/routing.md).
+    cache_threshold: float = 0.3
+    balance_abs_threshold: float = 64.0
+    balance_rel_threshold: float = 1.5
+    block_size: int = 16
+    max_tree_size: int = 1 << 26
+    eviction_interval_s: float = 120.0
     api_key: str | None = None
     admin_api_key: str | None = None
     #: Tenants (docs/security.md#tenants): ``--api-keys-file`` and ``--tenant-api-key``.
@@ -138,3 +147,15 @@ class GatewayConfig:
     #: ``--api-server-count``: HTTP frontend processes; above 1, ``serve`` is their supervisor
     #: (docs/multi-frontend.md).
     api_server_count: int = 1
+
+
+def cache_aware_config(config: GatewayConfig) -> CacheAwareConfig:
+    """``cache_aware``'s knobs from the gateway config."""
+    return CacheAwareConfig(
+        cache_threshold=config.cache_threshold,
+        balance_abs_threshold=config.balance_abs_threshold,
+        balance_rel_threshold=config.balance_rel_threshold,
+        block_size=config.block_size,
+        max_tree_size=config.max_tree_size,
+        eviction_interval_secs=config.eviction_interval_s,
+    )

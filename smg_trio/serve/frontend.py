@@ -23,7 +23,7 @@ from smg_trio.gateway.http.app import create_app, gateway_of, serve_http
 from smg_trio.gateway.http.tenants import SharedLedger
 from smg_trio.logfmt import setup_logging
 from smg_trio.serve.admin_schema import ADMIN_OPERATIONS
-from smg_trio.serve.config import GatewayConfig
+from smg_trio.serve.config import GatewayConfig, cache_aware_config
 from smg_trio.serve.control import (
     CONTROL_SOCKET,
     FRONTEND_BEATS,
@@ -198,6 +198,7 @@ async def run_frontend(
                 shared=shared,
                 report_unresponsive=control.report_unresponsive,
                 policy=config.policy,
+                cache=cache_aware_config(config),
                 ready_timeout_s=config.worker_startup_timeout_s,
                 silence_timeout_s=config.engine_silence_timeout_s,
                 confinement=load_confinement(run_dir) or _confinement(config),

@@ -13,7 +13,13 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from smg_trio.backend import NoWorkerAvailable, Readiness, ServedModel, WorkerLease
+from smg_trio.backend import (
+    NoWorkerAvailable,
+    Readiness,
+    RoutingSnapshot,
+    ServedModel,
+    WorkerLease,
+)
 from smg_trio.connector.client import (
     ENGINE_SILENCE_DEATH_TIMEOUT_S,
     EngineClient,
@@ -26,6 +32,7 @@ from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol
 from smg_trio.protocol.vllm import VllmProtocol
+from smg_trio.routing.cache_aware import CacheAwareConfig
 from smg_trio.tokenizer.core import Tokenizer, load_model_json
 from smg_trio.tokenizer.eos import resolve_eos
 from smg_trio.tokenizer.hub import HubModelError, is_hub_id, is_revision, resolve_hub_model
@@ -40,7 +47,14 @@ from smg_trio.worker.jobs import (
     JobTable,
     RegistrationJob,
 )
-from smg_trio.worker.policies import DEFAULT_POLICY, LoadBalancingPolicy, make_policy
+from smg_trio.worker.kv_feed import KvFeed, routing_snapshot
+from smg_trio.worker.policies import (
+    DEFAULT_POLICY,
+    CacheAwarePolicy,
+    LoadBalancingPolicy,
+    RouteRequest,
+    make_policy,
+)
 from smg_trio.worker.registration import (
     RegistrationTiming,
     bind_retryable,
@@ -165,6 +179,12 @@ class WorkerState(Worker):
         if c is not None:
             self.loads = tuple(c.load())
         return super().load_score()
+
+    def rank_loads(self) -> list[tuple[int, float]]:
+        """``(DP rank, load score)`` of each connected engine (the connector's rank score:
+        every frontend's in-flight requests or running + waiting)."""
+        c = self.engine_client
+        return [] if c is None else c.rank_scores()
 
     def to_json(self) -> dict[str, Any]:
         """The ``/workers`` representation."""
@@ -323,6 +343,7 @@ class WorkerManager:
         nursery: trio.Nursery,
         *,
         policy: str = DEFAULT_POLICY,
+        cache: CacheAwareConfig | None = None,
         ready_timeout_s: float = READY_TIMEOUT_S,
         silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
@@ -347,7 +368,14 @@ class WorkerManager:
         self.tcp = attrs.evolve(
             tcp, allowed_hosts=(*tcp.allowed_hosts, *self.confinement.engine_hosts)
         )
-        self.policy: LoadBalancingPolicy = make_policy(policy)
+        self.policy: LoadBalancingPolicy = make_policy(policy, cache=cache)
+        #: Whether this process routes requests (so it needs the engines' KV events): not the
+        #: supervisor of several frontends, which subscribe themselves.
+        self.routes_requests = client_count == 1
+        #: ``cache_aware``'s KV event feed (one subscription per publishing engine).
+        self.kv_feed: KvFeed | None = None
+        if isinstance(self.policy, CacheAwarePolicy):
+            self.kv_feed = KvFeed(self.policy.router, self.confinement, can_bind=client_count == 1)
         self.ready_timeout_s = ready_timeout_s
         self.silence_timeout_s = silence_timeout_s
         self.drain_timeout_s = drain_timeout_s
@@ -445,10 +473,15 @@ class WorkerManager:
             )
 
     @contextmanager
-    def lease(self, model_id: str, exclude: Collection[str] = ()) -> Iterator[WorkerLease]:
+    def lease(
+        self, model_id: str, exclude: Collection[str] = (), route: RouteRequest | None = None
+    ) -> Iterator[WorkerLease]:
         if self._draining:
             raise NoWorkerAvailable("the gateway is draining")
-        worker = self.registry.select(model_id, self.policy, exclude)
+        worker, rank = self.registry.select_engine(model_id, self.policy, exclude, route) or (
+            None,
+            None,
+        )
         if not isinstance(worker, WorkerState) or worker.engine_client is None:
             raise NoWorkerAvailable(f"no healthy worker for model {model_id!r}")
         client = worker.engine_client
@@ -456,7 +489,7 @@ class WorkerManager:
         if worker.idle.is_set():
             worker.idle = trio.Event()
         try:
-            yield WorkerLease(worker_id=worker.worker_id, client=client)
+            yield WorkerLease(worker_id=worker.worker_id, client=client, rank_hint=rank)
         except EngineError:
             worker.circuit.record_failure()
             raise
@@ -466,6 +499,13 @@ class WorkerManager:
             worker.inflight -= 1
             if worker.inflight == 0:
                 worker.idle.set()
+
+    def routing_snapshot(self) -> RoutingSnapshot | None:
+        """``cache_aware``'s index and feed counters (``/metrics``), or ``None`` under
+        another policy."""
+        if not isinstance(self.policy, CacheAwarePolicy):
+            return None
+        return routing_snapshot(self.policy.router, self.kv_feed)
 
     def fail_inflight(self, error: BaseException) -> int:
         """End every in-flight request on every worker with ``error`` (each then sends its
@@ -844,6 +884,8 @@ class WorkerManager:
                             raise
 
                     task_status.started(connect)
+                    if self.kv_feed is not None and self.routes_requests:
+                        nursery.start_soon(self.kv_feed.run_worker, worker)
                     await trio.sleep_forever()
         finally:
             stopped.set()

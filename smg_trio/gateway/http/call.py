@@ -37,6 +37,7 @@ from smg_trio.gateway.openai.fanout import SubRequest
 from smg_trio.gateway.openai.responses_shared import SharedResponseStore
 from smg_trio.gateway.openai.responses_store import ResponseStore, ResponseStoreLike
 from smg_trio.gateway.openai.schemas import decode_body
+from smg_trio.routing.cache_aware import RouteRequest
 
 __all__ = [
     "JSON_TYPE",
@@ -60,6 +61,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 JSON_TYPE = "application/json"
+#: The request header naming a session for sticky ``cache_aware`` routing.
+SESSION_HEADER: Final = "x-session-id"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _MAX_REQUEST_ID = 256
 #: Error codes whose unfinished engine requests count as ``finished_reason="abort"`` in
@@ -306,6 +309,8 @@ class RequestCall:
         self.subs: Sequence[SubRequest] = ()
         self._lease_cm: AbstractContextManager[WorkerLease] | None = None
         self._lease: WorkerLease | None = None
+        #: What ``cache_aware`` routes by (the prompt, the session key); set by :meth:`lease`.
+        self._route: RouteRequest | None = None
         self._closed = False
         self._admitted = False
         #: Size of the request body, which decides whether tokenizing goes to a thread.
@@ -404,17 +409,39 @@ class RequestCall:
         self.engine_id = self.gw.engine_id(self.client_ref)
         return ResponseIds(self.response_id, self.created, self.engine_id)
 
-    async def lease(self, model_id: str) -> WorkerLease:
+    def route_of(self, body: object) -> RouteRequest | None:
+        """What ``cache_aware`` routes this request by: the first choice's prompt, and the
+        session key (the ``x-session-id`` header, else the body's ``prompt_cache_key``, else
+        its ``user``), which makes the routing sticky."""
+        if not self.subs:
+            return None
+        key = self.request.headers.get(SESSION_HEADER) or None
+        for name in ("prompt_cache_key", "user"):
+            if key is not None:
+                break
+            value = getattr(body, name, None)
+            key = value if isinstance(value, str) and value else None
+        return RouteRequest(self.subs[0].request.prompt_token_ids, session_key=key)
+
+    def _hint_rank(self, lease: WorkerLease) -> None:
+        """Hand the policy's DP rank to the engine requests (the connector takes it unless
+        the client pinned ``data_parallel_rank``)."""
+        for sub in self.subs:
+            sub.request.rank_hint = lease.rank_hint
+
+    async def lease(self, model_id: str, route: RouteRequest | None = None) -> WorkerLease:
         """Take a worker for this request, released by :meth:`close`. With none ready (a
         rolling update, a restarting engine), wait up to the backend's bound for one; then
-        503 with ``Retry-After``."""
+        503 with ``Retry-After``. ``route``: see :meth:`route_of`."""
         backend = self.gw.backend
         await backend.wait_for_worker(model_id)
         if backend.draining:
             raise ApiError(503, "the gateway is shutting down", code="draining")
-        cm = backend.lease(model_id)
+        self._route = route
+        cm = backend.lease(model_id, (), route)
         lease = cm.__enter__()
         self._lease_cm, self._lease = cm, lease
+        self._hint_rank(lease)
         metrics = self.gw.metrics
         metrics.track_worker(lease.worker_id, lease.client)
         self._model = metrics.model(model_id)
@@ -452,12 +479,13 @@ class RequestCall:
         old_cm, old = self._lease_cm, self._lease
         assert old_cm is not None
         assert old is not None
-        cm = self.gw.backend.lease(model_id, exclude=(old.worker_id,))
+        cm = self.gw.backend.lease(model_id, (old.worker_id,), self._route)
         try:
             lease = cm.__enter__()
         except NoWorkerAvailable:
             return None
         self._lease_cm, self._lease = cm, lease
+        self._hint_rank(lease)
         old_cm.__exit__(None, None, None)
         self.gw.metrics.track_worker(lease.worker_id, lease.client)
         return lease
