@@ -125,7 +125,9 @@ class PublishingMock(MockEngine):
     publishes for it what it stores)."""
 
     def __init__(self, handshake: str, endpoint: str | None) -> None:
-        super().__init__(handshake, MockEngineConfig(step_s=0.001, max_model_len=8192))
+        super().__init__(
+            handshake, MockEngineConfig(step_s=0.001, max_model_len=8192, block_size=BLOCK)
+        )
         self.endpoint = endpoint
 
     def registration(self) -> bytes:
