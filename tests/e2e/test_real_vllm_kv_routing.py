@@ -3,8 +3,8 @@
 multi-turn conversation gets its earlier turns' blocks back from the engines' prefix caches,
 reported as ``usage.prompt_tokens_details.cached_tokens``.
 
-Which engine stored each turn's blocks is read from the events (``stored_on``); once the
-``cache_aware`` policy routes by them, every later turn lands where the first one did.
+Which engine stored each turn's blocks is read from the events (``stored_on``); the
+``cache_aware`` policy routes by them, so every later turn lands where the first one did.
 """
 
 from __future__ import annotations
@@ -134,3 +134,7 @@ async def test_a_conversation_hits_the_engines_prefix_caches_and_events_arrive(
     # prefilled an earlier one, and found the shared system prompt's blocks there.
     cached_later = [u["prompt_tokens_details"]["cached_tokens"] for u in usages[1:]]
     assert any(c >= BLOCK for c in cached_later), (cached_later, stored_on)
+    # cache_aware (the default policy) routes by those events: every later turn lands on the
+    # engine that stored the first turn's blocks, and finds at least the system prompt there.
+    assert all(s <= stored_on[0] for s in stored_on[1:]), stored_on
+    assert all(c >= BLOCK for c in cached_later), (cached_later, stored_on)
