@@ -17,7 +17,12 @@ import zmq
 from smg_trio.errors import EngineError, SocketDirError
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.transport.monitor import INPUT_MONITOR_EVENTS, ConnectionMonitor
-from smg_trio.transport.sockdir import check_ipc_path, ensure_ipc_socket_dir, unlink_stale_socket
+from smg_trio.transport.sockdir import (
+    check_ipc_path,
+    ensure_ipc_socket_dir,
+    restrict_socket_file,
+    unlink_stale_socket,
+)
 from smg_trio.transport.tcp import TcpOptions, advertised, configure_heartbeat
 from smg_trio.transport.zsocket import ZmqSocket, zmq_context
 
@@ -220,8 +225,8 @@ async def bind_worker_sockets(
 
     Before binding, the parent directory of the worker's ipc path is made safe
     (:func:`~smg_trio.transport.sockdir.ensure_ipc_socket_dir`), both ipc paths are checked
-    against the ``sun_path`` limit, and stale ``-in.sock``/``-out.sock`` sockets are unlinked.
-    On exit every socket is closed (``linger=0``) and the socket files this call created are
+    against the ``sun_path`` limit, and stale ``-in.sock``/``-out.sock`` sockets are unlinked;
+    the bound socket files get mode ``0600`` whatever the umask. On exit every socket is closed (``linger=0``) and the socket files this call created are
     removed. With ``handshake``, that already-bound ROUTER is used (and left open on exit)
     instead of binding ``addresses.handshake``; with ``with_handshake=False`` no handshake
     socket is bound at all (a frontend client attaching to engines that another process
@@ -289,10 +294,12 @@ async def _bind_sockets(
         )
         if input_path is not None:
             stack.callback(_unlink_if_same, input_path, _inode(input_path))
+            restrict_socket_file(input_path)
         (monitor,) = monitors
         out, output_address = _bind(stack, zmq.PULL, addresses.output, "output PULL", output_config)
         if output_path is not None:
             stack.callback(_unlink_if_same, output_path, _inode(output_path))
+            restrict_socket_file(output_path)
         output_monitor = _monitor(stack, out.raw, zmq.EVENT_ACCEPTED) if tcp is not None else None
         hs: ZmqSocket | None
         handshake_address: str | None
