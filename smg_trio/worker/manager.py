@@ -221,7 +221,9 @@ def _resolve_hub_spec(spec: WorkerSpec) -> WorkerSpec:
     try:
         hub = resolve_hub_model(ref, spec.revision, allow_download=False)
     except HubModelError as exc:
-        raise ValidationError(str(exc), param=param) from exc
+        # the hub cache's path goes to the log, not to the client (issue 28, item 8)
+        log.warning("worker %r: %s", spec.url, escape(str(exc)))
+        raise ValidationError(exc.public, param=param) from exc
     log.info(
         "worker %r: %s %s at %s is Hugging Face snapshot %s (%s)",
         spec.url,
