@@ -13,12 +13,13 @@ import pytest
 import trio
 
 from smg_trio.connector import EngineClient, open_engine_client
+from smg_trio.connector import client as client_mod
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from smg_trio.transport.tcp import TcpOptions, shut_down_connection
 from tests.helpers.claimant import claimant
 from tests.helpers.deadlines import IO_DEADLINE_S
-from tests.helpers.engines import make_protocol, request, wait_until
+from tests.helpers.engines import make_protocol, request, serving, wait_until
 from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="running a claimant as uid 65534")
@@ -126,3 +127,38 @@ async def test_an_engine_whose_connection_drops_reconnects(tcp_worker: WorkerAdd
                 await wait_until(lambda: not client._router.down[0])  # and come back
                 await _complete(client, "after")
         nursery.cancel_scope.cancel()
+
+
+async def test_a_restarted_rank_is_readmitted_and_a_claimant_in_its_absence_gets_nothing(
+    tcp_worker: WorkerAddresses, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DP=2, independent ranks over tcp: rank 0's engine dies; while it is gone a process of
+    # another uid dials the input socket with rank 0's identity (nobody holds it then); the
+    # restarted engine is re-admitted (a new connection, a new handshake, through the guard)
+    # and serves rank 0's requests; the claimant received none of them.
+    monkeypatch.setattr(client_mod, "ENGINE_DISCONNECT_GRACE_S", 0.05)
+    configs = [MockEngineConfig(engine_index=i, step_s=0.005) for i in range(2)]
+    with trio.fail_after(IO_DEADLINE_S * 2):
+        async with (
+            serving(tcp_worker, *configs, silence_timeout_s=300.0) as (client, engines),
+            trio.open_nursery() as nursery,
+        ):
+            slot = client.ranks.index(0)
+            identity = client.engines[slot].identity
+            engines[0].die_silently()
+            await wait_until(lambda: slot in client._lost)
+            async with claimant(client._sockets.input_address, identity, NOBODY) as claim:
+                assert await claim.next() == f"uid {NOBODY}"
+                attempt = await claim.next()
+                restarted = MockEngine(tcp_worker.handshake, configs[0])
+                nursery.start_soon(restarted.run)
+                await wait_until(lambda: slot not in client._lost)
+                with trio.move_on_after(IO_DEADLINE_S) as hung:
+                    for i in range(3):
+                        async with client.generate(request(f"r0-{i}", max_tokens=2, rank=0)) as st:
+                            assert [o async for o in st][-1].finish_reason == "length"
+                assert await claim.stop() == "received 0"
+                assert not hung.cancelled_caught, "rank 0's requests hung"
+                assert attempt != "attempt handshake-succeeded"
+            assert client.alive
+            nursery.cancel_scope.cancel()
