@@ -247,6 +247,13 @@ class PeerGuard:
                     for e in table
                     if endpoint.mine(e, peer_ip)
                 ]
+                if not judged:
+                    # The asking connection is gone (libzmq holds its descriptor while it
+                    # waits, so it would be listed): no answer can matter. Fail closed anyway.
+                    logger.debug(
+                        "ZAP: no open connection from %s to the %s socket", peer_ip, endpoint.name
+                    )
+                    return None
                 refused = [(e, v) for e, v in judged if not v.allowed]
                 if not refused:
                     return reply(b"200", b"OK")

@@ -54,7 +54,11 @@ def test_finds_a_live_connections_owner() -> None:
             with accepted:
                 table = read_tcp_tables()
                 assert table is not None
-                mine = [e for e in table if e.local == (LO, client.getsockname()[1])]
+                mine = [
+                    e
+                    for e in table
+                    if e.local == (LO, client.getsockname()[1]) and e.remote == (LO, port)
+                ]
                 assert [(e.uid, e.inode) for e in mine] == [
                     (os.geteuid(), os.fstat(client.fileno()).st_ino)
                 ]
@@ -123,6 +127,8 @@ async def test_zap_answers_when_every_connection_from_the_ip_agrees(
     assert reply is not None
     assert reply[4] == b"400"
     assert await guard._answer(_request(b"elsewhere")) is None  # not a socket it guards
+    monkeypatch.setattr(peer_guard, "read_tcp_tables", lambda: allowed[1:])
+    assert await guard._answer(_request()) is None  # no connection of ours: not admitted
 
 
 async def test_zap_waits_for_a_refused_connection_to_close_before_admitting(
