@@ -519,7 +519,7 @@ class EngineClient:
             if slot is not None:
                 self._suspect(slot)
         elif event.kind == "accepted":
-            if self._refuse_stranger(fd, "input"):
+            if self._refuse_stranger(fd, "input") or self._gone(fd):
                 return
             # A suspect rank dialing back in (the oldest suspect not already claimed by an
             # earlier connection): it stays suspect until that connection's ZMTP handshake is
@@ -546,6 +546,16 @@ class EngineClient:
                 "engine %d reconnected to the input socket; its requests carry on",
                 self._router.indices[slot],
             )
+
+    def _gone(self, fd: int) -> bool:
+        """A tcp worker's input connection ``fd`` that is no longer open (its DISCONNECTED
+        follows): it cannot be a rank coming back, and must not claim one (a refused peer's
+        connection is often closed before its ACCEPTED is read)."""
+        sockets = self._sockets
+        port = endpoint_port(sockets.input_address)
+        if sockets.tcp is None or port is None:
+            return False
+        return judge_connection(fd, port, sockets.tcp) is None
 
     def _refuse_stranger(self, fd: int, which: str) -> bool:
         """A tcp worker's connection from a peer that may not be an engine (a host not on the

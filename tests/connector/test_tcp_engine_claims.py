@@ -16,6 +16,7 @@ from smg_trio.connector import EngineClient, open_engine_client
 from smg_trio.connector import client as client_mod
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
+from smg_trio.transport.monitor import ConnectionEvent
 from smg_trio.transport.tcp import TcpOptions, shut_down_connection
 from tests.helpers.claimant import claimant
 from tests.helpers.deadlines import IO_DEADLINE_S
@@ -125,6 +126,40 @@ async def test_an_engine_whose_connection_drops_reconnects(tcp_worker: WorkerAdd
                 shut_down_connection(fd)
                 await wait_until(lambda: client._router.down[0])  # the monitor saw it go
                 await wait_until(lambda: not client._router.down[0])  # and come back
+                await _complete(client, "after")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_closed_before_its_accept_is_read_claims_no_rank(
+    tcp_worker: WorkerAddresses,
+) -> None:
+    # While rank 0 is suspect, a refused peer's connection (closed by the time the monitor's
+    # ACCEPTED is read) must not be taken for the rank coming back: it would claim the rank,
+    # the engine's own reconnect would find it claimed, and the stranger's DISCONNECTED would
+    # then make the rank suspect again for good.
+    engine = MockEngine(tcp_worker.handshake, MockEngineConfig(step_s=0.001))
+    closed_fd = 65000
+    with pytest.raises(OSError):
+        os.fstat(closed_fd)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.run)
+        with trio.fail_after(IO_DEADLINE_S):
+            async with open_engine_client(
+                make_protocol("vllm"),
+                tcp_worker,
+                ready_timeout_s=IO_DEADLINE_S,
+                disconnect_grace_s=IO_DEADLINE_S,
+            ) as client:
+                await _complete(client, "before")
+                fd = client.engines[0].connection_fd
+                assert fd is not None
+                shut_down_connection(fd)
+                await wait_until(lambda: client._router.down[0])
+                # the engine redials in RECONNECT_IVL (100 ms): the stranger's events first
+                client._on_connection_event(ConnectionEvent("accepted", closed_fd))
+                await wait_until(lambda: not client._router.down[0])
+                client._on_connection_event(ConnectionEvent("closed", closed_fd))
+                assert not client._router.down[0]
                 await _complete(client, "after")
         nursery.cancel_scope.cancel()
 
