@@ -289,6 +289,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         "default: none)",
     )
     g.add_argument(
+        "--allowed-engine-uids",
+        nargs="+",
+        metavar="UID",
+        help="the uids a tcp:// worker's engines on this host may connect as (the owner of "
+        "their socket; default: root and the gateway's own uid)",
+    )
+    g.add_argument(
         "--zmq-advertise-host",
         metavar="HOST",
         default=None,
@@ -630,6 +637,16 @@ def _apply_env_and_file(
         setattr(args, action.dest, raw)
 
 
+def _uids(values: list[str | int] | None) -> tuple[int, ...] | None:
+    """``--allowed-engine-uids`` as numbers (a usage error for anything else)."""
+    if values is None:
+        return None
+    try:
+        return tuple(int(v) for v in values)
+    except ValueError:
+        _usage_error(f"--allowed-engine-uids: uids are numbers, got {values!r}")
+
+
 def _env_or_file(action: argparse.Action, file_values: dict[str, Any]) -> tuple[str, Any] | None:
     """``(where, value)`` of a flag not on the command line: its SMG_TRIO_<NAME> variable, else
     its config-file key, trying each of the flag's names in order; None when neither is set."""
@@ -781,6 +798,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "fast_http1": not args.disable_fast_http1,
         "allowed_socket_dirs": tuple(args.allowed_socket_dirs or ()),
         "allowed_engine_hosts": tuple(args.allowed_engine_hosts or ()),
+        "allowed_engine_uids": _uids(args.allowed_engine_uids),
         "zmq_advertise_host": args.zmq_advertise_host,
         "zmq_heartbeat_interval_s": args.zmq_heartbeat_interval_secs,
         "zmq_heartbeat_timeout_s": args.zmq_heartbeat_timeout_secs,

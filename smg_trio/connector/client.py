@@ -38,7 +38,8 @@ from smg_trio.transport.handshake import (
     run_handshake,
 )
 from smg_trio.transport.monitor import ConnectionEvent, ConnectionMonitor
-from smg_trio.transport.tcp import TcpOptions, endpoint_port, peer_host, shut_down_connection
+from smg_trio.transport.peer_guard import judge_connection
+from smg_trio.transport.tcp import TcpOptions, endpoint_port, shut_down_connection
 from smg_trio.transport.topology import BoundSockets, HandshakeSocket, bind_worker_sockets
 
 __all__ = [
@@ -569,7 +570,7 @@ class EngineClient:
             if slot is not None:
                 self._suspect(slot)
         elif event.kind == "accepted":
-            if self._refuse_stranger(fd, "input"):
+            if self._refuse_stranger(fd, "input") or self._gone(fd):
                 return
             # A suspect rank dialing back in (the oldest suspect not already claimed by an
             # earlier connection): it stays suspect until that connection's ZMTP handshake is
@@ -597,21 +598,32 @@ class EngineClient:
                 self._router.indices[slot],
             )
 
+    def _gone(self, fd: int) -> bool:
+        """A tcp worker's input connection ``fd`` that is no longer open (its DISCONNECTED
+        follows): it cannot be a rank coming back, and must not claim one (a refused peer's
+        connection is often closed before its ACCEPTED is read)."""
+        sockets = self._sockets
+        port = endpoint_port(sockets.input_address)
+        if sockets.tcp is None or port is None:
+            return False
+        return judge_connection(fd, port, sockets.tcp) is None
+
     def _refuse_stranger(self, fd: int, which: str) -> bool:
-        """A tcp worker's connection from a peer not on its allow-list is shut down (the
-        handshake already refuses such a peer; this ends its connections to the data plane)."""
+        """A tcp worker's connection from a peer that may not be an engine (a host not on the
+        allow-list, or on this host a uid not allowed) is shut down. The peer guard already
+        keeps it from completing its handshake; ending it here also keeps it out of the
+        reconnect bookkeeping (:meth:`_on_connection_event`)."""
         sockets = self._sockets
         if sockets.tcp is None:
             return False
         bound = sockets.input_address if which == "input" else sockets.output_address
-        host = peer_host(fd, endpoint_port(bound))  # None: not (or no longer) that connection
-        if host is None or sockets.tcp.peer_allowed(host):
+        port = endpoint_port(bound)
+        # None: not (or no longer) that connection
+        verdict = judge_connection(fd, port, sockets.tcp) if port is not None else None
+        if verdict is None or verdict.allowed:
             return False
         log.warning(
-            "refused a connection to the %s socket from %s: the host is not loopback or in "
-            "--allowed-engine-hosts",
-            which,
-            host,
+            "refused a connection to the %s socket from %s: %s", which, verdict.peer, verdict.why
         )
         shut_down_connection(fd)
         return True

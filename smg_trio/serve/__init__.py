@@ -399,6 +399,7 @@ async def _serve_in(
                 advertise_host=config.zmq_advertise_host,
                 heartbeat_ivl_s=config.zmq_heartbeat_interval_s,
                 heartbeat_timeout_s=config.zmq_heartbeat_timeout_s,
+                allowed_uids=config.allowed_engine_uids,
             ),
         )
         registered: set[str] = set()

@@ -74,6 +74,8 @@ class GatewayConfig:
     - ``allowed_engine_hosts``: besides loopback and the host of ``zmq_handshake_address``
       (or of a ``tcp://`` worker URL), hosts a worker's handshake address or tcp URL may bind,
       and the addresses a ``tcp://`` worker's engines may connect from.
+    - ``allowed_engine_uids``: the uids a ``tcp://`` worker's engines on this host may connect
+      as (``None``: root and the gateway's own).
     - ``zmq_advertise_host``, ``zmq_heartbeat_interval_s``, ``zmq_heartbeat_timeout_s``: a
       ``tcp://`` worker's advertised host and ZMTP heartbeats
       (:class:`~smg_trio.transport.tcp.TcpOptions`).
@@ -138,6 +140,7 @@ class GatewayConfig:
     allow_insecure_admin: bool = False
     allowed_socket_dirs: tuple[str, ...] = ()
     allowed_engine_hosts: tuple[str, ...] = ()
+    allowed_engine_uids: tuple[int, ...] | None = None
     zmq_advertise_host: str | None = None
     zmq_heartbeat_interval_s: float = DEFAULT_HEARTBEAT_IVL_S
     zmq_heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S

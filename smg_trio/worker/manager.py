@@ -40,7 +40,12 @@ from smg_trio.tokenizer.modeldir import ModelDir
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.tcp import TcpOptions, is_wildcard_host
 from smg_trio.transport.topology import HandshakeSocket, bind_handshake_socket
-from smg_trio.worker.confine import WorkerConfinement, escape, require_printable
+from smg_trio.worker.confine import (
+    WorkerConfinement,
+    escape,
+    is_loopback_host,
+    require_printable,
+)
 from smg_trio.worker.jobs import (
     DEFAULT_JOB_TTL_S,
     DEFAULT_MAX_FINISHED_JOBS,
@@ -243,7 +248,9 @@ def _resolve_hub_spec(spec: WorkerSpec) -> WorkerSpec:
     try:
         hub = resolve_hub_model(ref, spec.revision, allow_download=False)
     except HubModelError as exc:
-        raise ValidationError(str(exc), param=param) from exc
+        # the hub cache's path goes to the log, not to the client (issue 28, item 8)
+        log.warning("worker %r: %s", spec.url, escape(str(exc)))
+        raise ValidationError(exc.public, param=param) from exc
     log.info(
         "worker %r: %s %s at %s is Hugging Face snapshot %s (%s)",
         spec.url,
@@ -256,6 +263,21 @@ def _resolve_hub_spec(spec: WorkerSpec) -> WorkerSpec:
     # the snapshot's directory names its commit: the revision is spent
     return attrs.evolve(
         spec, model_path=hub.path, model_id=spec.model_id or hub.repo_id, revision=None
+    )
+
+
+def _warn_remote_tcp(url: str) -> None:
+    """A ``tcp://`` worker bound off loopback carries prompts and tokens over the network,
+    unencrypted, with engines admitted by peer address only (as vLLM's own DP traffic):
+    say so once per worker (docs/security.md, "Engine sockets")."""
+    host = url.removeprefix("tcp://").rpartition(":")[0]
+    if is_loopback_host(host):
+        return
+    log.warning(
+        "worker %r: its engine traffic (prompts, tokens) crosses the network unencrypted, and "
+        "engines are admitted by their address (--allowed-engine-hosts): use a trusted, "
+        "private network (docs/security.md)",
+        url,
     )
 
 
@@ -644,6 +666,8 @@ class WorkerManager:
             raise ConflictError(str(exc), param=param, code="worker_conflict") from exc
         if spec.runtime_type is None:
             log.info("worker %r has no runtime_type: vllm", spec.url)
+        if addrs.is_tcp:
+            _warn_remote_tcp(spec.url)
         job = RegistrationJob(job_id=str(uuid.uuid4()), spec=spec, worker_id=worker.worker_id)
         self.jobs.add(job)
         self._nursery.start_soon(self._run_registration, job, worker)

@@ -227,6 +227,28 @@ async def test_post_workers_revision_picks_the_snapshot_and_is_checked(
         nursery.cancel_scope.cancel()
 
 
+async def test_post_workers_400s_keep_the_hub_cache_path_in_the_log(
+    hub: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An id not in the cache is a 400 that says so without naming the cache's path (a
+    client learns nothing of the gateway's filesystem); the log names it (issue 28, item 8)."""
+    conf = WorkerConfinement(socket_dirs=(str(tmp_path),), model_dirs=(str(hub), str(tmp_path)))
+    caplog.set_level(logging.WARNING, logger="smg_trio.worker.manager")
+    async with trio.open_nursery() as nursery:
+        manager = WorkerManager(nursery, confinement=conf)
+        for spec in (
+            WorkerSpec(url=f"ipc://{tmp_path}/w", model_path="acme/absent"),
+            WorkerSpec(url=f"ipc://{tmp_path}/w", model_id=REPO, revision="v9"),
+        ):
+            with pytest.raises(ValidationError) as err:
+                await manager.check_spec(spec)
+            assert "is not in the Hugging Face cache" in err.value.message
+            assert str(hub) not in err.value.message
+            assert str(tmp_path) not in err.value.message
+        nursery.cancel_scope.cancel()
+    assert f"Hugging Face cache ({hub})" in caplog.text
+
+
 def test_main_with_an_id_not_cached_exits_2_before_launch(
     hub: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
