@@ -14,11 +14,8 @@ from smg_trio.gateway.openai.responses_store import StoredResponse
 
 
 def _entry(n: int, nbytes: int = 10) -> StoredResponse:
-    return StoredResponse(
-        {"id": f"resp_{n}", "object": "response", "output": [{"n": n}]},
-        [{"role": "user", "content": f"turn {n}"}],
-        nbytes,
-    )
+    """An entry of exactly ``nbytes`` held bytes (its JSON padded with spaces)."""
+    return StoredResponse(f'{{"n":{n}}}'.encode().ljust(nbytes - 2), b"[]")
 
 
 def test_one_process_stores_another_finds_and_deletes(tmp_path: Path) -> None:
