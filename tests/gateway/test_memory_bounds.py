@@ -59,3 +59,89 @@ def test_the_responses_store_holds_what_it_counts(
             assert got.json()["text"] == fmt
         assert gw.alive()
     assert grown < budget + 32 * MIB, f"RSS grew {grown / MIB:.0f} MiB"
+
+
+def _bodies(size: int) -> list[tuple[str, dict[str, Any]]]:
+    """``size``-byte bodies for each engine-free route: prose and a one-character run as a
+    prompt, as chat messages, as Messages blocks, token ids, and empty objects (which take
+    about 25 times their JSON decoded)."""
+    prose = ("hello world, " * (size // 13 + 1))[:size]
+    user = [{"role": "user", "content": prose}]
+    blocks = [{"role": "user", "content": [{"type": "text", "text": prose}]}]
+    return [
+        ("/v1/tokenize", {"model": "M", "prompt": prose}),
+        ("/v1/tokenize", {"model": "M", "prompt": "a" * size}),
+        ("/tokenize", {"model": "M", "messages": user}),
+        ("/v1/messages/count_tokens", {"model": "M", "messages": blocks}),
+        ("/v1/detokenize", {"model": "M", "tokens": [1000] * (size // 5)}),
+        ("/v1/tokenize", {"model": "M", "messages": [{}] * (size // 3)}),
+    ]
+
+
+def _is_envelope(path: str, body: Any) -> bool:
+    if path.startswith("/v1/messages"):
+        return bool(body["type"] == "error" and body["error"]["type"] and body["error"]["message"])
+    return bool(body["error"]["type"] and body["error"]["message"])
+
+
+async def _post_all(base_url: str, path: str, body: dict[str, Any], n: int) -> list[Any]:
+    import trio
+
+    results: list[Any] = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=_TIMEOUT_S) as http:
+
+        async def one() -> None:
+            resp = await http.post(path, json=body)
+            results.append((resp.status_code, resp.json()))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(n):
+                nursery.start_soon(one)
+    return results
+
+
+_ROUTES = [
+    "tokenize_prose",
+    "tokenize_run",
+    "tokenize_messages",
+    "count_tokens",
+    "detokenize",
+    "empty_objects",
+]
+
+
+@pytest.mark.parametrize("route", range(len(_ROUTES)), ids=_ROUTES)
+def test_engine_free_routes_bound_the_memory_of_large_bodies(
+    tiny_model_dir: Path, route: int
+) -> None:
+    """Six concurrent 6 MiB bodies on an engine-free route (each route in a gateway of its
+    own: the allocator keeps freed memory resident, which would blur one route into the
+    next): every one is answered with a 4xx in its API's envelope (400
+    ``context_length_exceeded``; 413 for a body whose decoded form alone would take more than
+    the budget of bodies in flight; 429 when that budget is full), the
+    gateway lives, and its peak RSS grows by less than that budget (128 MiB here: bodies and
+    the estimate of their decoded form) plus 96 MiB: prompts are refused from a bounded
+    prefix (8 x 4096 characters) or from their length, before a full encode, and the server
+    copies a body once as it reads it. Before, each body was encoded whole: about 120 bytes
+    of memory per body byte, 4 GiB for these."""
+    import trio
+
+    budget = 128 * MIB
+    path, body = _bodies(6 * MIB)[route]
+    with rss_gateway(tiny_model_dir, max_body_bytes_in_flight=budget) as gw:
+        with httpx.Client(base_url=gw.base_url, timeout=_TIMEOUT_S) as http:
+            ok = http.post("/v1/tokenize", json={"model": "M", "prompt": "hello"})
+            assert ok.status_code == 200, ok.text
+        base = gw.rss()
+        gw.reset_peak()
+        results = trio.run(_post_all, gw.base_url, path, body, 6)
+        assert gw.alive()
+        grown = gw.peak() - base
+        assert grown < budget + 96 * MIB, f"{path}: peak RSS grew {grown / MIB:.0f} MiB"
+        for status, payload in results:
+            assert status in (400, 413, 429), (path, status, payload)
+            assert _is_envelope(path, payload), (path, payload)
+        assert any(status in (400, 413) for status, _ in results)
+        with httpx.Client(base_url=gw.base_url, timeout=_TIMEOUT_S) as http:
+            ok = http.post("/v1/tokenize", json={"model": "M", "prompt": "hello"})
+            assert ok.status_code == 200, ok.text

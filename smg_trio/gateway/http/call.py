@@ -22,7 +22,8 @@ from smg_trio.connector.client import EngineClient
 from smg_trio.errors import EngineError
 from smg_trio.exc_groups import is_cancellation
 from smg_trio.gateway.config import GatewayHttpConfig
-from smg_trio.gateway.http.admission import AdmissionGate
+from smg_trio.gateway.http.admission import RETRY_AFTER_S, AdmissionGate
+from smg_trio.gateway.http.budget import BodyBudget, decoded_bytes
 from smg_trio.gateway.http.metrics import FastHistogram, GatewayMetrics, ModelStats
 from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.errors import (
@@ -119,6 +120,8 @@ class Gateway:
             config.max_concurrent_requests, config.queue_size, config.queue_timeout_s
         )
         self.tokenizer_limiter = trio.CapacityLimiter(TOKENIZER_THREADS)
+        #: The bytes the requests in flight hold, bodies and decoded: see :meth:`RequestCall.read_body`.
+        self.body_budget = BodyBudget(config.max_body_bytes_in_flight)
         #: The Responses API's stored responses (in memory, or shared by every frontend
         #: through ``responses_store_path``: see docs/responses.md).
         self.responses: ResponseStoreLike = (
@@ -215,6 +218,17 @@ class Gateway:
         return f"{response_id}-{self._id_nonce}_{next(self._id_seq)}"
 
 
+def _over_budget(budget: BodyBudget) -> ApiError:
+    return ApiError(
+        429,
+        f"the requests in flight hold this gateway's budget of {budget.limit} bytes of "
+        "request bodies; retry later",
+        code="too_many_requests",
+        error_type="rate_limit_error",
+        retry_after=RETRY_AFTER_S,
+    )
+
+
 class RequestCall:
     """One HTTP request's lifetime: ids, timing, lease and the final metrics record.
 
@@ -284,6 +298,7 @@ class RequestCall:
             )
         await self.gw.admission.enter(self)
         self._admitted = True
+        await self._reserve_body()
         try:
             data = await self.request.get_data(cache=False)
         except HTTPException as exc:
@@ -291,7 +306,40 @@ class RequestCall:
         if not isinstance(data, bytes):
             data = data.encode()
         self.body_bytes = len(data)
+        self._reserve_decoded(data)
         return decode_body(data, type_)
+
+    async def _reserve_body(self) -> None:
+        """Reserve the body's declared length (``max_body_bytes`` when it declares none) in
+        the gateway's :class:`BodyBudget`, waiting up to ``queue_timeout_s`` for room (429
+        past it). Held until :meth:`close`."""
+        config = self.gw.config
+        budget = self.gw.body_budget
+        length = self.request.headers.get("content-length")
+        declared = int(length) if length is not None and length.isdigit() else None
+        if declared is not None and declared > config.max_body_bytes:
+            return  # refused with 413 by the read, before anything is held
+        nbytes = min(config.max_body_bytes if declared is None else declared, budget.limit)
+        with trio.move_on_after(config.queue_timeout_s):
+            await budget.reserve(self, nbytes)
+            return
+        raise _over_budget(budget)
+
+    def _reserve_decoded(self, data: bytes) -> None:
+        """Grow the reservation to what the body may take decoded (:func:`decoded_bytes`)
+        before decoding it: 413 when that is more than the whole budget, 429 when the budget
+        has no room for it now (a request holding bytes never waits for more)."""
+        budget = self.gw.body_budget
+        need = len(data) + decoded_bytes(data)
+        if need > budget.limit:
+            raise ApiError(
+                413,
+                f"the request body would take about {need} bytes decoded, more than this "
+                f"gateway's budget of {budget.limit} bytes for the requests in flight",
+                code="request_too_large",
+            )
+        if not budget.try_grow(self, need - budget.reserved(self)):
+            raise _over_budget(budget)
 
     async def tokenize(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (chat-template rendering, encoding) inline for a small request, or in a
@@ -413,6 +461,7 @@ class RequestCall:
         if self._admitted:
             self._admitted = False
             gw.admission.leave(self)
+            gw.body_budget.release(self)
         cm, self._lease_cm = self._lease_cm, None
         if cm is not None:
             engine_exc = exc if isinstance(exc, EngineError) else None
