@@ -41,6 +41,8 @@ from smg_trio.gateway.openai.schemas import decode_body
 __all__ = [
     "JSON_TYPE",
     "SSE_HEADERS",
+    "HUGE_TOKENIZER_THREADS",
+    "HUGE_TOKENIZE_BYTES",
     "TOKENIZER_THREADS",
     "TOKENIZE_OFFLOAD_BYTES",
     "Gateway",
@@ -73,6 +75,11 @@ TOKENIZE_OFFLOAD_BYTES: Final = 8 * 1024
 RENDER_OFFLOAD_TOKENS: Final = 2048
 #: Worker threads tokenizing large prompts at once (more wait), which bounds their memory too.
 TOKENIZER_THREADS: Final = 4
+#: Request bodies from this size on are *huge*: their encode may take seconds (about 0.5 s a
+#: MiB, more for text that is one pre-token), and they take at most
+#: :data:`HUGE_TOKENIZER_THREADS` of the threads, so that the rest always serve the others.
+HUGE_TOKENIZE_BYTES: Final = 1024 * 1024
+HUGE_TOKENIZER_THREADS: Final = TOKENIZER_THREADS // 2
 
 
 def json_response(
@@ -120,6 +127,8 @@ class Gateway:
             config.max_concurrent_requests, config.queue_size, config.queue_timeout_s
         )
         self.tokenizer_limiter = trio.CapacityLimiter(TOKENIZER_THREADS)
+        #: The share of those threads that huge requests may hold (see :meth:`RequestCall.tokenize`).
+        self.huge_tokenizer_limiter = trio.CapacityLimiter(HUGE_TOKENIZER_THREADS)
         #: The bytes the requests in flight hold, bodies and decoded: see :meth:`RequestCall.read_body`.
         self.body_budget = BodyBudget(config.max_body_bytes_in_flight)
         #: The Responses API's stored responses (in memory, or shared by every frontend
@@ -346,10 +355,17 @@ class RequestCall:
         worker thread from :data:`TOKENIZE_OFFLOAD_BYTES` of body on, so that the event loop
         never waits for it. The thread is not abandoned on cancellation (structured
         concurrency): a client that goes away waits for at most one encode of a prompt that
-        can fit the context (larger ones are refused before encoding)."""
+        can fit the context (larger ones are refused before encoding). A huge request (from
+        :data:`HUGE_TOKENIZE_BYTES` of body) first takes a slot of the huge ones' share, so
+        that they hold at most :data:`HUGE_TOKENIZER_THREADS` threads and the others never
+        wait behind them for more than the rest."""
         if self.body_bytes < TOKENIZE_OFFLOAD_BYTES:
             return fn()
-        return await trio.to_thread.run_sync(fn, limiter=self.gw.tokenizer_limiter)
+        gw = self.gw
+        if self.body_bytes < HUGE_TOKENIZE_BYTES:
+            return await trio.to_thread.run_sync(fn, limiter=gw.tokenizer_limiter)
+        async with gw.huge_tokenizer_limiter:
+            return await trio.to_thread.run_sync(fn, limiter=gw.tokenizer_limiter)
 
     def reserve_ids(self) -> ResponseIds:
         """The response's ids, with a fresh engine request id base: the response id plus a
