@@ -28,6 +28,7 @@ async def test_huge_requests_leave_threads_for_the_others(
     a 16 KiB request (in a thread too) is answered meanwhile. Without the share the huge
     ones took every thread and it waited for them."""
     release = threading.Event()
+    lock = threading.Lock()
     in_encode = 0
     most = 0
     entered = trio.Event()
@@ -38,11 +39,13 @@ async def test_huge_requests_leave_threads_for_the_others(
         nonlocal in_encode, most
         if len(text) < HUGE_TOKENIZE_BYTES:
             return encode(self, text, *args, **kw)
-        in_encode += 1  # under the GIL; read by the test task only
-        most = max(most, in_encode)
+        with lock:
+            in_encode += 1
+            most = max(most, in_encode)
         trio.from_thread.run_sync(entered.set, trio_token=token)
         release.wait()
-        in_encode -= 1
+        with lock:
+            in_encode -= 1
         return [0]
 
     monkeypatch.setattr(Tokenizer, "encode", held_encode)
