@@ -76,7 +76,9 @@ class BodyBudget:
             raise ValueError(f"{nbytes} bytes is more than the budget of {self.limit}")
         if not self._waiters and self._fits(nbytes):
             self._grant(owner, nbytes)
-            await trio.lowlevel.checkpoint()  # a checkpoint on every path, as trio's own
+            # A schedule point, not a cancel point: a caller's zero timeout never undoes a
+            # reservation that needed no wait.
+            await trio.lowlevel.cancel_shielded_checkpoint()
             return
         entry = (owner, nbytes, trio.Event())
         self._waiters.append(entry)
