@@ -33,10 +33,15 @@ async def test_reservations_wait_in_order_and_release_wakes_those_that_fit() -> 
             await trio.testing.wait_all_tasks_blocked()
             assert got == []
             assert budget.waiting == 2
-            assert budget.try_grow(a, 30)  # an admitted request grows while room is left
-            assert not budget.try_grow(a, 11)
+            assert budget.try_resize(a, 90)  # an admitted request grows while room is left
+            assert not budget.try_resize(a, 101)
+            assert budget.held == 90
+            assert budget.waiting == 2
+            assert budget.try_resize(a, 45)  # giving back wakes b, which now fits; not c yet
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == ["b"]
             budget.release(a)
-    assert sorted(got) == ["b", "c"]  # granted in order, run in any
+    assert got == ["b", "c"]
     assert budget.held == 60
     assert budget.reserved(b) == 50
     budget.release(b)

@@ -487,3 +487,28 @@ async def test_the_body_budget_refuses_what_cannot_fit(harness: HarnessFactory) 
             assert gw.body_budget.held == 0
             again = await h.post("/v1/tokenize", {"model": "M", "prompt": "y" * 2000})
             assert again.status_code == 200, again.text
+
+
+async def test_a_body_of_no_declared_length_holds_only_what_it_needs(
+    harness: HarnessFactory,
+) -> None:
+    """A chunked body (no ``Content-Length``) reserves ``max_body_bytes`` while it is read,
+    then keeps only what it and its decoded form need: a stream in flight holds kilobytes of
+    the budget, not 32 MiB (which would let 32 such requests hold all of the default 1 GiB)."""
+    body = b'{"model": "M", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
+
+    async def chunks() -> Any:
+        yield body[:10]
+        yield body[10:]
+
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            gw = gateway_of(h.app)
+            h.engine.stall()
+            headers = {"content-type": "application/json"}
+            async with h.http.stream(
+                "POST", "/v1/chat/completions", content=chunks(), headers=headers
+            ) as stream:
+                assert stream.status_code == 200
+                assert 0 < gw.body_budget.held < 16 * 1024
+            h.engine.resume()

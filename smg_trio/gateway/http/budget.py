@@ -45,9 +45,9 @@ def decoded_bytes(data: bytes) -> int:
 class BodyBudget:
     """At most ``limit`` bytes reserved at once, over every request. :meth:`reserve` waits,
     first come first served, for room (a reservation larger than ``limit`` raises
-    ``ValueError`` at once); :meth:`try_grow` adds to a reservation only when there is room
-    now (no request waits for more while holding some, so none waits on another that
-    waits); :meth:`release` returns all of an owner's bytes and wakes the waiters that now
+    ``ValueError`` at once); :meth:`try_resize` adds to a reservation only when there is
+    room now (no request waits for more while holding some, so none waits on another that
+    waits), and gives back what is no longer needed; :meth:`release` returns all of an owner's bytes and wakes the waiters that now
     fit."""
 
     def __init__(self, limit: int) -> None:
@@ -98,14 +98,20 @@ class BodyBudget:
         """The bytes ``owner`` holds."""
         return self._owners.get(owner, 0)
 
-    def try_grow(self, owner: object, nbytes: int) -> bool:
-        """Add ``nbytes`` to ``owner``'s reservation if there is room now (ahead of the
-        waiters: an admitted request finishes before new ones start)."""
-        if nbytes <= 0:
-            return True
-        if not self._fits(nbytes):
+    def try_resize(self, owner: object, nbytes: int) -> bool:
+        """Make ``owner``'s reservation ``nbytes``: less always (the rest wakes the waiters
+        that fit), more only if there is room now (ahead of the waiters: an admitted request
+        finishes before new ones start)."""
+        held = self._owners.get(owner, 0)
+        if nbytes > held and not self._fits(nbytes - held):
             return False
-        self._grant(owner, nbytes)
+        self.held += nbytes - held
+        if nbytes:
+            self._owners[owner] = nbytes
+        else:
+            self._owners.pop(owner, None)
+        if nbytes < held:
+            self._wake()
         return True
 
     def release(self, owner: object) -> None:

@@ -335,9 +335,11 @@ class RequestCall:
         raise _over_budget(budget)
 
     def _reserve_decoded(self, data: bytes) -> None:
-        """Grow the reservation to what the body may take decoded (:func:`decoded_bytes`)
-        before decoding it: 413 when that is more than the whole budget, 429 when the budget
-        has no room for it now (a request holding bytes never waits for more)."""
+        """Make the reservation what the body and its decoded form may take
+        (:func:`decoded_bytes`) before decoding it: 413 when that is more than the whole
+        budget, 429 when the budget has no room for it now (a request holding bytes never
+        waits for more). A body that declared no length gives back the rest of the
+        ``max_body_bytes`` it reserved."""
         budget = self.gw.body_budget
         need = len(data) + decoded_bytes(data)
         if need > budget.limit:
@@ -347,7 +349,7 @@ class RequestCall:
                 f"gateway's budget of {budget.limit} bytes for the requests in flight",
                 code="request_too_large",
             )
-        if not budget.try_grow(self, need - budget.reserved(self)):
+        if not budget.try_resize(self, need):
             raise _over_budget(budget)
 
     async def tokenize(self, fn: Callable[[], T]) -> T:
