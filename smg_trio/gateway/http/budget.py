@@ -71,6 +71,13 @@ class BodyBudget:
         self.held += nbytes
         self._owners[owner] = self._owners.get(owner, 0) + nbytes
 
+    def try_reserve(self, owner: object, nbytes: int) -> bool:
+        """Reserve ``nbytes`` for ``owner`` if there is room now and nobody waits."""
+        if self._waiters or not self._fits(nbytes):
+            return False
+        self._grant(owner, nbytes)
+        return True
+
     async def reserve(self, owner: object, nbytes: int) -> None:
         """Reserve ``nbytes`` for ``owner``, waiting behind earlier waiters for room (the
         caller bounds the wait with a cancel scope)."""

@@ -329,6 +329,8 @@ class RequestCall:
         if declared is not None and declared > config.max_body_bytes:
             return  # refused with 413 by the read, before anything is held
         nbytes = min(config.max_body_bytes if declared is None else declared, budget.limit)
+        if budget.try_reserve(self, nbytes):
+            return  # the common case: no schedule point, as the admission gate's
         with trio.move_on_after(config.queue_timeout_s):
             await budget.reserve(self, nbytes)
             return
