@@ -9,7 +9,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Final, TypeVar
 
 import msgspec
@@ -41,6 +41,7 @@ from smg_trio.gateway.openai.schemas import decode_body
 __all__ = [
     "JSON_TYPE",
     "SSE_HEADERS",
+    "HUGE_RENDER_TOKENS",
     "HUGE_TOKENIZER_THREADS",
     "HUGE_TOKENIZE_BYTES",
     "TOKENIZER_THREADS",
@@ -80,6 +81,9 @@ TOKENIZER_THREADS: Final = 4
 #: :data:`HUGE_TOKENIZER_THREADS` of the threads, so that the rest always serve the others.
 HUGE_TOKENIZE_BYTES: Final = 1024 * 1024
 HUGE_TOKENIZER_THREADS: Final = TOKENIZER_THREADS // 2
+#: A whole response of this many completion tokens or more (``n`` choices with logprobs: a
+#: second or more to build and encode) takes the huge requests' share of the threads too.
+HUGE_RENDER_TOKENS: Final = 16 * RENDER_OFFLOAD_TOKENS
 
 
 def json_response(
@@ -458,13 +462,17 @@ class RequestCall:
     async def ok_response_of(self, build: Callable[[], msgspec.Struct]) -> Response:
         """:meth:`ok_response` of ``build()``: built and encoded in a worker thread from
         :data:`RENDER_OFFLOAD_TOKENS` completion tokens on (``n`` choices with logprobs can
-        make a response of tens of MB, seconds of Python on the event loop), inline below."""
+        make a response of tens of MB, seconds of Python on the event loop), inline below;
+        from :data:`HUGE_RENDER_TOKENS` within the huge requests' share of the threads."""
         completion = sum(s.pipeline.completion_tokens for s in self.subs)
         if completion < RENDER_OFFLOAD_TOKENS:
             return self.ok_response(build())
-        body = await trio.to_thread.run_sync(
-            lambda: msgspec.json.encode(build()), limiter=self.gw.tokenizer_limiter
-        )
+        gw = self.gw
+        share = gw.huge_tokenizer_limiter if completion >= HUGE_RENDER_TOKENS else nullcontext()
+        async with share:
+            body = await trio.to_thread.run_sync(
+                lambda: msgspec.json.encode(build()), limiter=gw.tokenizer_limiter
+            )
         self.close(200)
         return json_response(200, body, self.request_id)
 
