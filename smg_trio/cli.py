@@ -247,7 +247,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--reasoning-parser",
         choices=reasoning_parser_names(),
         metavar="NAME",
-        help="split the model's reasoning into reasoning_content: "
+        help="split the model's reasoning out into the message's reasoning field: "
         f"{', '.join(reasoning_parser_names())} (docs/reasoning.md; default: no split)",
     )
     g.add_argument(

@@ -122,6 +122,22 @@ def _parse_tool_calls(tool_calls: Any, where: str) -> Any:
     return out
 
 
+def _reasoning_both_names(msg: dict[str, Any], where: str) -> None:
+    """An assistant turn's reasoning under both names, as vLLM 0.32 hands it to templates:
+    ``reasoning`` wins, the deprecated ``reasoning_content`` fills in when it is absent."""
+    reasoning = msg.get("reasoning")
+    if reasoning is None:
+        reasoning = msg.get("reasoning_content")
+    if reasoning is None:
+        msg.pop("reasoning", None)
+        msg.pop("reasoning_content", None)
+        return
+    if not isinstance(reasoning, str):
+        name = "reasoning" if msg.get("reasoning") is not None else "reasoning_content"
+        raise ValidationError(f"{where}.{name} must be a string", param=f"{where}.{name}")
+    msg["reasoning"] = msg["reasoning_content"] = reasoning
+
+
 def normalize_messages(
     messages: Sequence[Mapping[str, Any]], *, developer_as_system: bool = False
 ) -> list[dict[str, Any]]:
@@ -131,7 +147,8 @@ def normalize_messages(
     ``{"type": "text", "text": ...}`` parts becomes one string (parts joined with ``"\\n"``);
     assistant ``tool_calls[].function.arguments`` JSON strings become parsed values, and a
     ``null`` content of an assistant turn that calls tools becomes ``""``, so templates
-    that concatenate strings render it. With ``developer_as_system`` a ``developer`` message
+    that concatenate strings render it; an assistant turn's ``reasoning`` (or the
+    deprecated ``reasoning_content``) is passed under both names, as vLLM 0.32 does. With ``developer_as_system`` a ``developer`` message
     becomes a ``system`` one (for templates that know only ``system``). The input is not
     mutated. Raises ``ValidationError`` naming the offending field (e.g.
     ``messages[1].content[0].type``) for any other shape.
@@ -154,6 +171,8 @@ def normalize_messages(
             msg["content"] = ""
         if msg.get("tool_calls") is not None:
             msg["tool_calls"] = _parse_tool_calls(msg["tool_calls"], where)
+        if msg["role"] == "assistant":
+            _reasoning_both_names(msg, where)
         out.append(msg)
     return out
 

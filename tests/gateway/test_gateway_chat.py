@@ -307,7 +307,7 @@ async def test_min_tokens_defers_stop_strings(harness: HarnessFactory, tok: Any)
         (None, None, ["<think>", "abc", "</think>", "Answer"], None, "<think>abc</think>Answer"),
     ],
 )
-async def test_reasoning_content(
+async def test_reasoning(
     harness: HarnessFactory,
     tok: Any,
     parser: str | None,
@@ -321,13 +321,15 @@ async def test_reasoning_content(
             full, events = await run_both(h, max_tokens=20, chat_template_kwargs=kwargs)
             msg = full["choices"][0]["message"]
             assert msg["content"] == content
-            assert msg.get("reasoning_content") == reasoning
+            assert msg.get("reasoning") == reasoning
+            assert "reasoning_content" not in msg  # vLLM 0.32 emits only ``reasoning``
             if parser is None:
-                assert "reasoning_content" not in msg
+                assert "reasoning" not in msg
             cs = by_choice(events[:-2])[0]
             assert "".join(c["delta"].get("content") or "" for c in cs) == content
-            streamed = "".join(c["delta"].get("reasoning_content") or "" for c in cs)
+            streamed = "".join(c["delta"].get("reasoning") or "" for c in cs)
             assert streamed == (reasoning or "")
+            assert all("reasoning_content" not in c["delta"] for c in cs)
 
 
 async def test_b15_chat_logprobs(harness: HarnessFactory, tok: Any) -> None:

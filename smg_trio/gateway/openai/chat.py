@@ -297,7 +297,7 @@ class ChatJob:
                     for c in calls
                 ]
             if self.reasoning:
-                message.reasoning_content = "".join(collected.reasoning[i]) or None
+                message.reasoning = "".join(collected.reasoning[i]) or None
             lps = None
             if k is not None:
                 lps = chat_logprobs(tok, merge_runs(collected.logprobs[i]), k)
@@ -362,7 +362,7 @@ def _tool_call_deltas(delta: TextDelta) -> list[ToolCallDeltaOut]:
 
 class ChatStreamRenderer:
     """``chat.completion.chunk`` frames: a role chunk per choice first, then content and
-    ``reasoning_content`` deltas (logprobs riding on the delta that carries their text), the
+    ``reasoning`` deltas (logprobs riding on the delta that carries their text), the
     finish on each choice's last chunk, then the usage chunk if asked."""
 
     def __init__(self, job: ChatJob) -> None:
@@ -390,7 +390,7 @@ class ChatStreamRenderer:
             sub.pipeline.index,
             Delta(
                 content=delta.text if delta.text else UNSET,
-                reasoning_content=delta.reasoning if delta.reasoning else UNSET,
+                reasoning=delta.reasoning if delta.reasoning else UNSET,
                 tool_calls=_tool_call_deltas(delta) if delta.tool_calls else UNSET,
             ),
             lp,

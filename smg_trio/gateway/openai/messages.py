@@ -127,7 +127,7 @@ def _assistant_blocks(content: list[Any], param: str) -> dict[str, Any]:
             raise _bad(f"content block type {kind!r} is not supported in an assistant turn", where)
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if thinking:
-        msg["reasoning_content"] = "".join(thinking)
+        msg["reasoning"] = "".join(thinking)
     if calls:
         msg["tool_calls"] = calls
     return msg

@@ -189,12 +189,13 @@ class ToolCallOut(msgspec.Struct, kw_only=True):
 
 
 class ChatMessageOut(msgspec.Struct):
-    """The assistant message; ``reasoning_content`` appears only with a reasoning parser,
-    ``tool_calls`` only when the model called tools."""
+    """The assistant message; ``reasoning`` (vLLM 0.32's name, which replaced
+    ``reasoning_content``) appears only with a reasoning parser, ``tool_calls`` only when the
+    model called tools."""
 
     role: str
     content: str | None
-    reasoning_content: str | UnsetType | None = UNSET
+    reasoning: str | UnsetType | None = UNSET
     tool_calls: list[ToolCallOut] | UnsetType = UNSET
 
 
@@ -242,7 +243,7 @@ class Delta(msgspec.Struct):
 
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
-    reasoning_content: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET
     tool_calls: list[ToolCallDeltaOut] | UnsetType = UNSET
 
 
