@@ -199,6 +199,10 @@ def create_app(
     async def healthz() -> Response:
         return _probe(health(backend))
 
+    @app.route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:  # vLLM's SageMaker probe: /health's answer
+        return _probe(health(backend))
+
     @app.get("/readiness")
     async def ready() -> Response:
         return _probe(readiness(backend), JSON_TYPE)
@@ -247,8 +251,10 @@ def create_app(
                 (p for p in UNSERVED_PREFIXES if path == p or path.startswith(p + "/")), None
             )
             if known is not None:
-                status, code = 501, "not_implemented"
-                message = f"{known} is not served by this gateway (smg_trio serves text generation)"
+                message = (
+                    f"{known} is not served by this gateway (smg_trio serves text "
+                    f"generation); served endpoints: {served_endpoints()}"
+                )
             else:
                 message = f"no endpoint {path!r}; served endpoints: {served_endpoints()}"
         err = ApiError(status, message, code=code)

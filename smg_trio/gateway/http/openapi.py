@@ -9,6 +9,7 @@ import attrs
 import msgspec
 
 from smg_trio.gateway.openai.errors import ErrorBody
+from smg_trio.gateway.openai.invocations import InvocationRequest
 from smg_trio.gateway.openai.messages_schemas import (
     AnthropicMessage,
     CountTokensRequest,
@@ -131,6 +132,15 @@ OPERATIONS: tuple[Operation, ...] = (
         Completion,
     ),
     _inference(
+        "/invocations",
+        "invocations",
+        "SageMaker's route (vLLM's): a chat completion for a body with messages, else a "
+        "completion for one with prompt",
+        "vllm",
+        InvocationRequest,
+        ChatCompletion,
+    ),
+    _inference(
         "/v1/responses",
         "createResponse",
         "OpenAI Responses; streams response.* events with stream=true",
@@ -220,6 +230,24 @@ OPERATIONS: tuple[Operation, ...] = (
         "/health",
         "health",
         "200 while an engine is alive, else 503",
+        "public",
+        "probes",
+        response_type=_TEXT,
+    ),
+    Operation(
+        "get",
+        "/ping",
+        "ping",
+        "SageMaker's probe (vLLM's route): /health's answer",
+        "public",
+        "probes",
+        response_type=_TEXT,
+    ),
+    Operation(
+        "post",
+        "/ping",
+        "pingPost",
+        "SageMaker's probe (vLLM's route): /health's answer",
         "public",
         "probes",
         response_type=_TEXT,

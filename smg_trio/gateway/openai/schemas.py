@@ -39,6 +39,7 @@ __all__ = [
     "TopLogprob",
     "Usage",
     "UsageChunk",
+    "convert_body",
     "decode_body",
 ]
 
@@ -342,6 +343,32 @@ _OUT_OF_RANGE = re.compile(
 )
 
 
+def _field_error(exc: msgspec.ValidationError) -> ApiError:
+    msg = str(exc)
+    m = _PATH.search(msg)
+    param = m.group(1).replace("[...]", "") if m else ""  # msgspec marks dict values
+    text = msg[: m.start()] if m else msg
+    missing = _MISSING.search(msg)
+    if missing:
+        param = f"{param}.{missing.group(1)}" if param else missing.group(1)
+    elif param:
+        text = f"{text} at '{param}'"
+    if missing:
+        code = "missing_required_parameter"
+    else:
+        code = "invalid_value" if _OUT_OF_RANGE.match(text) else "invalid_type"
+    return ApiError(400, text, param=param or None, code=code)
+
+
+def convert_body(obj: Any, type_: type[T]) -> T:
+    """Validate an already decoded body (plain JSON values) into ``type_``, with
+    :func:`decode_body`'s 400s naming the field."""
+    try:
+        return msgspec.convert(obj, type_)
+    except msgspec.ValidationError as exc:
+        raise _field_error(exc) from None
+
+
 def decode_body(data: bytes, type_: type[T]) -> T:
     """Decode a JSON body into ``type_``. Raises :class:`ApiError` 400: ``json_parse_error``
     for malformed JSON; ``invalid_type`` (a value of the wrong type, including a non-object
@@ -361,20 +388,7 @@ def decode_body(data: bytes, type_: type[T]) -> T:
     try:
         return msgspec.json.decode(data, type=type_)
     except msgspec.ValidationError as exc:
-        msg = str(exc)
-        m = _PATH.search(msg)
-        param = m.group(1).replace("[...]", "") if m else ""  # msgspec marks dict values
-        text = msg[: m.start()] if m else msg
-        missing = _MISSING.search(msg)
-        if missing:
-            param = f"{param}.{missing.group(1)}" if param else missing.group(1)
-        elif param:
-            text = f"{text} at '{param}'"
-        if missing:
-            code = "missing_required_parameter"
-        else:
-            code = "invalid_value" if _OUT_OF_RANGE.match(text) else "invalid_type"
-        raise ApiError(400, text, param=param or None, code=code) from None
+        raise _field_error(exc) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"JSON syntax error: {exc}", code="json_parse_error") from None
     except RecursionError:
