@@ -24,7 +24,7 @@ from smg_trio.serve.commands import (
 from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 from smg_trio.serve.control import CONTROL_SOCKET, control_app
 from smg_trio.serve.discovery import DiscoveryWatcher
-from smg_trio.serve.launcher import EngineExited, run_engine_process
+from smg_trio.serve.launcher import EngineExited, exit_cause, run_engine_process
 from smg_trio.serve.progress import StartupProgress
 from smg_trio.serve.supervisor import FrontendGroup, _Slots, listening_socket, run_directory
 from smg_trio.tokenizer.hub import is_hub_id
@@ -269,9 +269,9 @@ async def _supervise_engine(
             delay = min(2.0 ** len(restarts), ENGINE_RESTART_MAX_DELAY_S)
             restarts.append(now)
             log.error(
-                "engine for %s exited (code %d); its worker is unhealthy; restarting it in %.0f s",
+                "engine for %s %s; its worker is unhealthy; restarting it in %.0f s",
                 url,
-                exc.returncode,
+                exit_cause(exc.returncode),
                 delay,
             )
             await trio.sleep(delay)
