@@ -264,6 +264,25 @@ def _common(p: argparse.ArgumentParser) -> None:
         "vLLM",
     )
     g.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_TEMPLATE",
+        help="the chat template the gateway renders (it tokenizes; the engine never sees "
+        "one): a Jinja file, or the template inline, as vLLM reads it; replaces the model's",
+    )
+    g.add_argument(
+        "--chat-template-content-format",
+        choices=("auto", "string", "openai"),
+        default="auto",
+        help="message content as the template sees it: a string, or OpenAI's list of parts; "
+        "auto detects it from the template (vLLM's flag; default %(default)s)",
+    )
+    g.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="render a request's own chat_template (sandboxed like the model's); without it "
+        "such a request is a 400, as in vLLM",
+    )
+    g.add_argument(
         "--max-n",
         type=_int_at_least(1),
         default=DEFAULT_MAX_N,
@@ -625,6 +644,18 @@ def _check_mock_script(path: str, tok: Any) -> None:
         _usage_error(str(exc))
 
 
+def _chat_template(args: argparse.Namespace) -> str | None:
+    """``--chat-template``'s Jinja source (read and compiled once, here); a usage error."""
+    if args.chat_template is None:
+        return None
+    from smg_trio.tokenizer.template_arg import load_chat_template_arg
+
+    try:
+        return load_chat_template_arg(args.chat_template, args.chat_template_content_format)
+    except ValueError as exc:
+        _usage_error(str(exc))
+
+
 def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 
@@ -639,6 +670,9 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "reasoning_parser": args.reasoning_parser,
         "tool_call_parser": args.tool_call_parser,
         "enable_auto_tool_choice": args.enable_auto_tool_choice,
+        "chat_template": _chat_template(args),
+        "chat_template_content_format": args.chat_template_content_format,
+        "trust_request_chat_template": args.trust_request_chat_template,
         "max_n": args.max_n,
         "responses_store_size": args.responses_store_size,
         "max_sequences_per_request": args.max_sequences_per_request,

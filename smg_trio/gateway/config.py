@@ -85,6 +85,9 @@ class GatewayHttpConfig:
       - ``tool_call_parser``: the tool-call format (``--tool-call-parser``) for models whose
         ``ServedModel`` names none; ``enable_auto_tool_choice``: parse tool calls for
         ``tool_choice: auto`` (without it, ``auto`` with tools is a 400, as in vLLM).
+      - ``trust_request_chat_template``: a request's own ``chat_template`` (or
+        ``chat_template_kwargs.chat_template``) is rendered, sandboxed like the model's;
+        without it such a request is a 400, as in vLLM.
       - ``body_timeout_s``: seconds to receive a request body (408 past it).
       - ``max_sequences_per_request``: most sequences (prompts x ``n``) in one request (400
         naming ``n``).
@@ -122,6 +125,7 @@ class GatewayHttpConfig:
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    trust_request_chat_template: bool = False
     body_timeout_s: float = 60.0
     max_sequences_per_request: int = attrs.field(
         default=DEFAULT_MAX_SEQUENCES_PER_REQUEST, validator=_positive

@@ -113,6 +113,7 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         fast_http1=config.fast_http1,
         tool_call_parser=config.tool_call_parser,
         enable_auto_tool_choice=config.enable_auto_tool_choice,
+        trust_request_chat_template=config.trust_request_chat_template,
     )
 
 
@@ -369,6 +370,8 @@ async def _serve_in(
             job_ttl_s=config.job_ttl_s,
             worker_wait_timeout_s=config.worker_wait_timeout_s,
             client_count=config.api_server_count + 1 if config.api_server_count > 1 else 1,
+            chat_template=config.chat_template,
+            chat_template_content_format=config.chat_template_content_format,
             tcp=TcpOptions(
                 advertise_host=config.zmq_advertise_host,
                 heartbeat_ivl_s=config.zmq_heartbeat_interval_s,

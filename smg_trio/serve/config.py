@@ -101,6 +101,11 @@ class GatewayConfig:
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    #: vLLM's ``--chat-template`` (the Jinja source, read by the CLI) and
+    #: ``--chat-template-content-format``: every worker's tokenizer renders with them.
+    chat_template: str | None = None
+    chat_template_content_format: str = "auto"
+    trust_request_chat_template: bool = False
     max_n: int = DEFAULT_MAX_N
     responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE
     max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST

@@ -636,3 +636,25 @@ def test_missing_companion_flags_are_usage_errors(
     err = capsys.readouterr().err
     assert err.startswith("smg_trio: error: ")
     assert message in err
+
+
+def test_chat_template_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's --chat-template (a file, or the template inline), its content format and
+    --trust-request-chat-template belong to the gateway, which renders templates."""
+    model = str(default_tiny_model_dir())
+    f = tmp_path / "t.jinja"
+    f.write_text("{{ messages[0].content }}")
+    base = ["serve", "--backend", "mock", "--model", model]
+    argv = [*base, "--chat-template", str(f), "--chat-template-content-format", "string"]
+    config = cli._config_from_args(_args([*argv, "--trust-request-chat-template"]), [])  # type: ignore[arg-type]
+    assert config.chat_template == "{{ messages[0].content }}"
+    assert config.chat_template_content_format == "string"
+    assert config.trust_request_chat_template is True
+    inline = cli._config_from_args(_args([*base, "--chat-template", "{{ 1 }}"]), [])  # type: ignore[arg-type]
+    assert inline.chat_template == "{{ 1 }}"
+    assert inline.chat_template_content_format == "auto"
+    assert inline.trust_request_chat_template is False
+    with pytest.raises(SystemExit) as exit_:
+        cli._config_from_args(_args([*base, "--chat-template", str(tmp_path / "nope.jinja")]), [])  # type: ignore[arg-type]
+    assert exit_.value.code == 2
+    assert "looks like a file path" in capsys.readouterr().err

@@ -18,6 +18,10 @@ from smg_trio.gateway.openai.calls import merge_calls
 from smg_trio.gateway.openai.fanout import SubRequest, usage_of
 from smg_trio.gateway.openai.framing import ChunkFramer, StreamUsage
 from smg_trio.gateway.openai.logprobs import chat_logprobs, merge_runs, prompt_logprobs
+from smg_trio.gateway.openai.request_template import (
+    check_request_template,
+    split_request_template,
+)
 from smg_trio.gateway.openai.schemas import (
     ChatChoice,
     ChatCompletion,
@@ -156,6 +160,7 @@ class ChatApi:
         """Check the messages and every field that needs no tokenizing."""
         _check_messages(body.messages)
         _check_chat_fields(body)
+        check_request_template(body, config.trust_request_chat_template)
         tools = plan_tools(
             body.tools,
             body.tool_choice,
@@ -193,13 +198,15 @@ class ChatDraft:
         """The rendered chat template and its token ids (refused before encoding when it
         cannot fit the context)."""
         body, tok = self.body, self.served.tokenizer
+        template, kwargs = split_request_template(body, tok.content_format)
         prompt = tok.apply_chat_template(
             body.messages,
             tools=body.tools,
             documents=body.documents,
             add_generation_prompt=body.add_generation_prompt is not False,
             continue_final_message=bool(body.continue_final_message),
-            chat_template_kwargs=body.chat_template_kwargs,
+            chat_template_kwargs=kwargs,
+            template=template,
         )
         check_prompt_fits(self.plan, self.served, prompt, "messages")
         return prompt, tok.encode(prompt)

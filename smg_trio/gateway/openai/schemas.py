@@ -114,6 +114,7 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     documents: list[dict[str, Any]] | None = None
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
