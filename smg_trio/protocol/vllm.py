@@ -347,7 +347,7 @@ class VllmProtocol:
         data_parallel_rank=True,
         min_p=True,
         default_max_tokens_is_remaining_context=True,
-        seed_min=0,
+        seed_min=-(2**63),  # vLLM 0.32 takes any int64 seed
         seed_max=2**63 - 1,
     )
 

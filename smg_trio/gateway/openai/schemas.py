@@ -46,7 +46,6 @@ __all__ = [
 PositiveInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
-Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -61,8 +60,9 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     """Fields shared by chat and completions: sampling, stops, fan-out and constraints.
 
     Ranges: ``temperature`` >= 0, ``top_p`` in (0, 1], ``top_k`` >= -1 (-1 and 0 disable),
-    ``min_p`` in [0, 1], penalties in [-2, 2], ``repetition_penalty`` > 0, ``logit_bias``
-    values in [-100, 100]. ``seed`` must be in [0, 2**63 - 1] (checked in translation).
+    ``min_p`` in [0, 1], penalties in [-2, 2], ``repetition_penalty`` > 0; ``logit_bias``
+    values are clamped to [-100, 100] (vLLM). ``seed`` must be in the engine's range (vLLM:
+    any int64; TokenSpeed: [0, 2**63 - 1]), checked in translation.
     """
 
     model: str | None = None
@@ -84,7 +84,7 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     min_tokens: NonNegInt | None = None
     skip_special_tokens: bool | None = True
     spaces_between_special_tokens: bool | None = True
-    logit_bias: dict[str, Bias] | None = None
+    logit_bias: dict[str, float] | None = None  # clamped to [-100, 100], as vLLM does
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
     guided_json: Any = None

@@ -128,15 +128,31 @@ def _token_ids(values: Sequence[int], vocab: int, param: str) -> list[int]:
 
 
 def _logit_bias(raw: dict[str, float], vocab: int) -> dict[int, float]:
+    """Token id -> bias, values clamped to [-100, 100] (vLLM's ``SamplingParams``). One 400
+    names every key that is not a token id, else every id outside the vocabulary, as vLLM's
+    two checks do."""
     out: dict[int, float] = {}
+    not_ids: list[str] = []
     for key, value in raw.items():
         try:
             tok = int(key)
         except ValueError:
-            raise _bad(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
-        if not 0 <= tok < vocab:
-            raise _bad(f"logit_bias token id {tok} is outside [0, {vocab})", "logit_bias")
-        out[tok] = float(value)
+            not_ids.append(key)
+            continue
+        out[tok] = min(100.0, max(-100.0, float(value)))
+    if not_ids:
+        raise _bad(
+            f"logit_bias contains key(s) that cannot be converted to integer token IDs: "
+            f"{not_ids!r}",
+            "logit_bias",
+        )
+    outside = [tok for tok in out if not 0 <= tok < vocab]
+    if outside:
+        raise _bad(
+            f"token_id(s) {outside} in logit_bias contain out-of-vocab token ids. "
+            f"Vocabulary size: {vocab}",
+            "logit_bias",
+        )
     return out
 
 
@@ -283,8 +299,8 @@ def build_plan(
         )
     seed = body.seed
     seed_max = min(caps.seed_max, SEED_MODULUS - 1)
-    if seed is not None and not max(caps.seed_min, 0) <= seed <= seed_max:
-        raise _bad(f"seed must be in [{max(caps.seed_min, 0)}, {seed_max}], got {seed}", "seed")
+    if seed is not None and not caps.seed_min <= seed <= seed_max:
+        raise _bad(f"seed must be in [{caps.seed_min}, {seed_max}], got {seed}", "seed")
     min_tokens = body.min_tokens or 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise _bad(

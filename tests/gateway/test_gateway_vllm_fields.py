@@ -1,0 +1,46 @@
+"""Request fields as vLLM 0.32's server takes them (issue 29, item 3), each compared with
+vLLM's own code: the seed range (``completion/protocol.py``: any int64), ``logit_bias``
+(``SamplingParams.from_optional``: values clamped, every bad key named)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
+
+
+async def test_any_int64_seed_reaches_the_engine(harness: HarnessFactory, tok: Any) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "x")) as h:
+            res = await h.chat(max_tokens=2, seed=-5, n=2)
+            assert res.status_code == 200, res.text
+            seeds = sorted(r.raw.sampling_params["seed"] for r in h.engine.requests)
+            assert seeds == [-5, -4]
+            res = await h.chat(max_tokens=2, seed=-(2**63))
+            assert res.status_code == 200, res.text
+            assert h.engine.requests[-1].raw.sampling_params["seed"] == -(2**63)
+        async with harness(protocol="tokenspeed") as h:  # its seeds are u64: still a 400
+            res = await h.chat(max_tokens=2, seed=-1)
+            assert res.status_code == 400
+            assert res.json()["error"]["param"] == "seed"
+
+
+async def test_logit_bias_clamps_values_and_names_every_bad_key(
+    harness: HarnessFactory, tok: Any
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "x")) as h:
+            res = await h.chat(max_tokens=2, logit_bias={"5": 250, "7": -1000})
+            assert res.status_code == 200, res.text
+            assert h.engine.requests[-1].raw.sampling_params["logit_bias"] == {5: 100.0, 7: -100.0}
+            bad = await h.chat(max_tokens=2, logit_bias={"a": 1, "5": 1, "b": 2})
+            assert bad.status_code == 400
+            err = bad.json()["error"]
+            assert err["param"] == "logit_bias"
+            assert "['a', 'b']" in err["message"]
+            outside = await h.chat(max_tokens=2, logit_bias={"99999": 1, "5": 1, "-3": 1})
+            assert outside.status_code == 400
+            assert "[99999, -3]" in outside.json()["error"]["message"]
+            assert len(h.engine.requests) == 1
