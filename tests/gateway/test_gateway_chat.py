@@ -494,6 +494,13 @@ async def test_continuous_usage_stats(harness: HarnessFactory, tok: Any) -> None
             assert counts == sorted(counts)
             assert counts[0] == 0
             assert counts[-1] == 3
+            # vLLM 0.32: continuous_usage_stats takes effect only with include_usage
+            _, alone = await h.stream(
+                "/v1/chat/completions",
+                chat_body(max_tokens=5, stream_options={"continuous_usage_stats": True}),
+            )
+            assert len(alone) > 2
+            assert all("usage" not in ev for ev in alone[:-1])
 
 
 async def test_tools_are_rendered_into_the_prompt(harness: HarnessFactory, tok: Any) -> None:

@@ -1,6 +1,7 @@
 """Request fields as vLLM 0.32's server takes them (issue 29, item 3), each compared with
 vLLM's own code: the seed range (``completion/protocol.py``: any int64), ``logit_bias``
-(``SamplingParams.from_optional``: values clamped, every bad key named)."""
+(``SamplingParams.from_optional``: values clamped, every bad key named), ``prompt_logprobs``
+``null`` when not requested (responses are ``model_dump()``ed with their ``None`` fields)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,15 @@ async def test_logit_bias_clamps_values_and_names_every_bad_key(
             assert outside.status_code == 400
             assert "[99999, -3]" in outside.json()["error"]["message"]
             assert len(h.engine.requests) == 1
+
+
+async def test_prompt_logprobs_is_null_when_not_requested(
+    harness: HarnessFactory, tok: Any
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "x")) as h:
+            chat = (await h.chat(max_tokens=2)).json()
+            assert "prompt_logprobs" in chat
+            assert chat["prompt_logprobs"] is None
+            cmpl = (await h.complete(max_tokens=2, prompt=["a", "b"])).json()
+            assert [c.get("prompt_logprobs", "absent") for c in cmpl["choices"]] == [None, None]

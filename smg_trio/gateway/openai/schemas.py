@@ -213,7 +213,8 @@ class ChatChoice(msgspec.Struct):
 
 
 class ChatCompletion(msgspec.Struct, kw_only=True):
-    """``object: chat.completion``. ``prompt_logprobs`` (vLLM) only when requested."""
+    """``object: chat.completion``. vLLM's ``prompt_logprobs`` is ``null`` unless requested,
+    as vLLM 0.32 answers."""
 
     id: str
     object: str = "chat.completion"
@@ -221,7 +222,7 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     model: str
     choices: list[ChatChoice]
     usage: Usage
-    prompt_logprobs: list[Any] | UnsetType | None = UNSET
+    prompt_logprobs: list[Any] | None = None
 
 
 class FunctionDeltaOut(msgspec.Struct, kw_only=True):
@@ -278,7 +279,7 @@ class CompletionChoice(msgspec.Struct):
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None = None
-    prompt_logprobs: list[Any] | UnsetType | None = UNSET
+    prompt_logprobs: list[Any] | None = None  # null unless requested, as in vLLM 0.32
 
 
 class CompletionChunkChoice(msgspec.Struct):
