@@ -86,6 +86,8 @@ class EngineOutput(msgspec.Struct, gc=False):
     cached_tokens: int | None = None
     completion_tokens: int | None = None
     error: EngineError | None = None
+    #: vLLM's KV connector parameters for the client (prefill/decode disaggregation).
+    kv_transfer_params: Any = None
 
 
 class EngineBatch(msgspec.Struct, gc=False):
@@ -149,6 +151,8 @@ class SamplingOptions(msgspec.Struct, kw_only=True):
     structured_outputs: StructuredOutputs | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    #: vLLM's ``kv_transfer_params`` (to its KV connector, in ``extra_args``).
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True):

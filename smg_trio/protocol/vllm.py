@@ -233,6 +233,8 @@ def _output(o: EngineCoreOutput, frames: Frames) -> EngineOutput:
     out = EngineOutput(o.request_id, o.new_token_ids, reason, o.stop_reason)
     if o.error is not None:
         out.error = _request_error(o.error)
+    if o.kv_transfer_params is not None:
+        out.kv_transfer_params = o.kv_transfer_params
     if o.new_logprobs is not None:
         out.logprobs = resolve_logprobs(o.new_logprobs, frames)
     if o.new_prompt_logprobs_tensors is not None:
@@ -329,6 +331,8 @@ def build_sampling_params(req: GenerateRequest) -> dict[str, Any]:
         p["logit_bias"] = {int(k): float(v) for k, v in s.logit_bias.items()}
     if s.structured_outputs is not None:
         p["structured_outputs"] = _structured(s.structured_outputs)
+    if s.kv_transfer_params is not None:  # vLLM's request model puts it in extra_args
+        p["extra_args"] = {"kv_transfer_params": s.kv_transfer_params}
     return p
 
 

@@ -57,3 +57,28 @@ async def test_prompt_logprobs_is_null_when_not_requested(
             assert chat["prompt_logprobs"] is None
             cmpl = (await h.complete(max_tokens=2, prompt=["a", "b"])).json()
             assert [c.get("prompt_logprobs", "absent") for c in cmpl["choices"]] == [None, None]
+
+
+async def test_kv_transfer_params_reach_the_engine_and_come_back(
+    harness: HarnessFactory, tok: Any
+) -> None:
+    """vLLM puts a request's ``kv_transfer_params`` in ``extra_args`` and answers the engine's
+    (its KV connector's) at the top of the response: prefill/decode clients depend on both."""
+    params = {"do_remote_decode": True, "remote_engine_id": None}
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "x")) as h:
+            chat = await h.chat(max_tokens=2, kv_transfer_params=params)
+            assert chat.status_code == 200, chat.text
+            sent = h.engine.requests[-1].raw.sampling_params["extra_args"]
+            assert sent == {"kv_transfer_params": params}
+            assert chat.json()["kv_transfer_params"] == params
+            cmpl = await h.complete(max_tokens=2, kv_transfer_params=params)
+            assert cmpl.json()["kv_transfer_params"] == params
+            plain = (await h.chat(max_tokens=2)).json()
+            assert "kv_transfer_params" in plain
+            assert plain["kv_transfer_params"] is None
+            assert "extra_args" not in h.engine.requests[-1].raw.sampling_params
+        async with harness(protocol="tokenspeed") as h:  # its wire has no KV connector
+            res = await h.chat(max_tokens=2, kv_transfer_params=params)
+            assert res.status_code == 400
+            assert res.json()["error"]["param"] == "kv_transfer_params"

@@ -315,6 +315,7 @@ class ChatJob:
             model=self.served.model_id,
             choices=choices,
             usage=usage_of(self.prompt_tokens, self.subs),
+            kv_transfer_params=self.subs[0].pipeline.kv_transfer_params if self.subs else None,
         )
         if self.prompt_k is not None:
             out.prompt_logprobs = prompt_logprobs(

@@ -260,6 +260,8 @@ class CompletionJob:
             model=self.served.model_id,
             choices=self.choices(collected),
             usage=usage_of(self.prompt_tokens, self.subs),
+            # vLLM answers the first prompt's (completion/serving.py)
+            kv_transfer_params=self.subs[0].pipeline.kv_transfer_params if self.subs else None,
         )
 
     def choices(self, collected: ChoiceCollector | None) -> list[CompletionChoice]:

@@ -93,6 +93,7 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     guided_grammar: str | None = None
     data_parallel_rank: NonNegInt | None = None
     prompt_logprobs: NonNegInt | None = None
+    kv_transfer_params: dict[str, Any] | None = None
     # Known fields this gateway cannot honour: rejected when set, never silently dropped.
     best_of: int | None = None
     use_beam_search: bool | None = False
@@ -223,6 +224,7 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     choices: list[ChatChoice]
     usage: Usage
     prompt_logprobs: list[Any] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class FunctionDeltaOut(msgspec.Struct, kw_only=True):
@@ -301,6 +303,7 @@ class Completion(msgspec.Struct, kw_only=True):
     model: str
     choices: list[CompletionChoice]
     usage: Usage
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM's, from the engine
 
 
 class UsageChunk(msgspec.Struct):

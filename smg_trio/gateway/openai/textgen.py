@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterator, Sequence
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 
@@ -146,6 +146,7 @@ class ChoicePipeline:
         "finish_reason",
         "gateway_stopped",
         "index",
+        "kv_transfer_params",
         "prompt_logprobs",
         "stop_reason",
         "tool_calls_made",
@@ -197,6 +198,8 @@ class ChoicePipeline:
         #: An engine failure that arrived after text in the same :meth:`feed` call.
         self.failure: EngineRequestFailed | None = None
         self.prompt_logprobs: list[TokenLogprobs] = []
+        #: What the engine's KV connector returned (vLLM's ``kv_transfer_params``), if any.
+        self.kv_transfer_params: Any = None
 
     @property
     def done(self) -> bool:
@@ -231,6 +234,8 @@ class ChoicePipeline:
                 break
             if out.prompt_logprobs is not None:
                 self.prompt_logprobs.append(out.prompt_logprobs)
+            if out.kv_transfer_params is not None:
+                self.kv_transfer_params = out.kv_transfer_params
             if out.new_token_ids:
                 self._consume(out, parts, thoughts)
             if self.finish_reason is None and reason is not None:

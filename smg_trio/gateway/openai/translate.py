@@ -310,6 +310,8 @@ def build_plan(
         raise UnsupportedField("min_p", caps.engine)
     if body.data_parallel_rank is not None and not caps.data_parallel_rank:
         raise UnsupportedField("data_parallel_rank", caps.engine)
+    if body.kv_transfer_params and caps.engine != "vllm":
+        raise UnsupportedField("kv_transfer_params", caps.engine)
     logit_bias = None
     if body.logit_bias:
         if not caps.logit_bias:
@@ -347,6 +349,7 @@ def build_plan(
         structured_outputs=structured,
         skip_special_tokens=body.skip_special_tokens is not False,
         spaces_between_special_tokens=body.spaces_between_special_tokens is not False,
+        kv_transfer_params=body.kv_transfer_params or None,  # vLLM sends a non-empty one
     )
     return Plan(
         sampling=sampling,
