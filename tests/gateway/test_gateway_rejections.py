@@ -39,7 +39,8 @@ async def assert_untouched(h: Harness) -> None:
 
 CHAT_CASES: list[tuple[str, dict[str, Any], int, str | None]] = [
     ("B18a empty messages", {"messages": []}, 400, "messages"),
-    ("B18e role robot", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
+    ("B18e role robot", {"messages": [{"role": "robot"}]}, 400, "messages[0].content"),
+    ("role not a string", {"messages": [{"role": 5, "content": "x"}]}, 400, "messages[0].role"),
     ("B18f no content", {"messages": [{"role": "user"}]}, 400, "messages[0].content"),
     ("messages not a list", {"messages": "hi"}, 400, "messages"),
     (
@@ -236,7 +237,7 @@ async def test_b18_malformed_bodies(harness: HarnessFactory, raw: bytes, path: s
     [
         ({"max_tokens": -1}, "max_tokens", "invalid_value"),  # the right type, out of bounds
         ({"top_p": 1.5}, "top_p", "invalid_value"),
-        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "invalid_value"),
+        ({"messages": [{"role": "", "content": "x"}]}, "messages[0].role", "invalid_value"),
         ({"logit_bias": {"5": "high"}}, "logit_bias", "invalid_type"),  # in a map's value
         ({"max_tokens": "ten"}, "max_tokens", "invalid_type"),
         ({"messages": "hi"}, "messages", "invalid_type"),

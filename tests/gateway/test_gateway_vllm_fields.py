@@ -9,6 +9,7 @@ from typing import Any
 
 import trio
 
+from smg_trio.gateway.config import GatewayHttpConfig
 from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
 
 
@@ -82,3 +83,19 @@ async def test_kv_transfer_params_reach_the_engine_and_come_back(
             res = await h.chat(max_tokens=2, kv_transfer_params=params)
             assert res.status_code == 400
             assert res.json()["error"]["param"] == "kv_transfer_params"
+
+
+async def test_custom_roles_reach_the_template(harness: HarnessFactory, tok: Any) -> None:
+    """vLLM 0.32's ``CustomChatCompletionMessageParam``: any string role reaches the
+    template (whose own rules then apply: the tiny model's refuses unknown roles, a 400)."""
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    config = GatewayHttpConfig(trust_request_chat_template=True)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "x"), config=config) as h:
+            msgs = [{"role": "critic", "content": "meh"}]
+            res = await h.chat(max_tokens=2, messages=msgs, chat_template=template)
+            assert res.status_code == 200, res.text
+            assert h.engine.requests[-1].prompt_token_ids == tok.encode("<critic>meh")
+            refused = await h.chat(max_tokens=2, messages=msgs)
+            assert refused.status_code == 400
+            assert "Unknown message role" in refused.json()["error"]["message"]

@@ -59,19 +59,25 @@ __all__ = [
     "check_chat_input",
 ]
 
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
 
 def _check_messages(messages: Sequence[dict[str, Any]]) -> None:
+    """Roles are any non-empty string: besides OpenAI's, vLLM 0.32 takes custom roles
+    (``CustomChatCompletionMessageParam``) and hands them to the template."""
     if not messages:
         raise ValidationError(
             "messages must contain at least one message", param="messages", code="invalid_value"
         )
     for i, msg in enumerate(messages):
         role = msg.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str):
             raise ValidationError(
-                f"messages[{i}].role must be one of {', '.join(sorted(_ROLES))}, got {role!r}",
+                f"messages[{i}].role is required and must be a string, got {role!r}",
+                param=f"messages[{i}].role",
+                code="invalid_type",
+            )
+        if not role:
+            raise ValidationError(
+                f"messages[{i}].role must not be empty",
                 param=f"messages[{i}].role",
                 code="invalid_value",
             )
