@@ -78,7 +78,13 @@ CHAT_CASES: list[tuple[str, dict[str, Any], int, str | None]] = [
     ("best_of", {"best_of": 2}, 400, "best_of"),
     ("beam search", {"use_beam_search": True}, 400, "use_beam_search"),
     ("priority", {"priority": 3}, 400, "priority"),
-    ("truncate_prompt_tokens", {"truncate_prompt_tokens": 4}, 400, "truncate_prompt_tokens"),
+    (
+        "truncate_prompt_tokens over the context",
+        {"truncate_prompt_tokens": 5000},
+        400,
+        "truncate_prompt_tokens",
+    ),
+    ("truncation_side middle", {"truncation_side": "middle"}, 400, "truncation_side"),
     ("chat echo", {"echo": True}, 400, "echo"),
     ("tool_choice required", {"tool_choice": "required"}, 400, "tool_choice"),
     (

@@ -99,3 +99,35 @@ async def test_custom_roles_reach_the_template(harness: HarnessFactory, tok: Any
             refused = await h.chat(max_tokens=2, messages=msgs)
             assert refused.status_code == 400
             assert "Unknown message role" in refused.json()["error"]["message"]
+
+
+async def test_truncate_prompt_tokens_keeps_the_chosen_side(
+    harness: HarnessFactory, tok: Any
+) -> None:
+    """vLLM 0.32's renderer: keep ``truncate_prompt_tokens`` tokens, the last ones by default
+    (``truncation_side: left``, vLLM's for generation), the first with ``right``; ``-1`` is
+    the context less one token, so an over-long prompt is cut instead of refused."""
+    words = " ".join(f"w{i}" for i in range(120))
+    ids = tok.encode(words)
+    assert len(ids) > 64
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "x"), max_model_len=64) as h:
+            assert (await h.complete(max_tokens=1, prompt=words)).status_code == 400
+            res = await h.complete(
+                max_tokens=1, prompt=[words, "a b c d e"], truncate_prompt_tokens=3
+            )
+            assert res.status_code == 200, res.text
+            got = [r.prompt_token_ids for r in h.engine.requests[-2:]]
+            assert sorted(got) == sorted([ids[-3:], tok.encode("a b c d e")[-3:]])
+            res = await h.complete(
+                max_tokens=1, prompt=words, truncate_prompt_tokens=4, truncation_side="right"
+            )
+            assert res.status_code == 200, res.text
+            assert h.engine.requests[-1].prompt_token_ids == ids[:4]
+            res = await h.complete(max_tokens=1, prompt=words, truncate_prompt_tokens=-1)
+            assert res.status_code == 200, res.text
+            assert h.engine.requests[-1].prompt_token_ids == ids[-63:]
+            chat = await h.chat(max_tokens=1, truncate_prompt_tokens=2)
+            assert chat.status_code == 200, chat.text
+            assert len(h.engine.requests[-1].prompt_token_ids) == 2
+            assert chat.json()["usage"]["prompt_tokens"] == 2

@@ -35,7 +35,9 @@ FIELD_MAP: tuple[tuple[str, str], ...] = (
     ("`tools`, `tool_choice`, `parallel_tool_calls`", "function tools only; `tool_choice` auto (needs `--enable-auto-tool-choice --tool-call-parser NAME`), none, required and a named function (a JSON constraint, counted as the request's one structured output): see the `tool_choice` rows and [tools.md](tools.md)"),
     ("`data_parallel_rank`", "sent; must name one of the worker's engines"),
     ("`n`", "n single-sample sub-requests `{id}-{i}` in one nursery; at most `max_n`"),
-    ("`best_of` > 1, `use_beam_search`, `truncate_prompt_tokens`, `priority` != 0, `suffix`, chat `echo`, ", "400 naming the field (not supported by this gateway)"),
+    ("`truncate_prompt_tokens`, `truncation_side`", "the encoded prompt is cut to that many tokens (-1: the context less one), the last ones unless `truncation_side` is `right`, as vLLM 0.32's renderer does"),
+    ("`kv_transfer_params`", "vLLM: sent in `extra_args`, the engine's returned at the top of the response; TokenSpeed: 400"),
+    ("`best_of` > 1, `use_beam_search`, `priority` != 0, `suffix`, chat `echo`, ", "400 naming the field (not supported by this gateway)"),
 )  # fmt: skip
 
 

@@ -48,6 +48,7 @@ from smg_trio.gateway.openai.translate import (
     reasoning_tags,
     resolve_max_tokens,
 )
+from smg_trio.gateway.openai.truncation import truncate_ids, truncation_limit
 
 __all__ = [
     "CHAT",
@@ -214,8 +215,11 @@ class ChatDraft:
             chat_template_kwargs=kwargs,
             template=template,
         )
-        check_prompt_fits(self.plan, self.served, prompt, "messages")
-        return prompt, tok.encode(prompt)
+        limit = truncation_limit(body, self.served.max_model_len)
+        if limit is None:
+            check_prompt_fits(self.plan, self.served, prompt, "messages")
+            return prompt, tok.encode(prompt)
+        return prompt, truncate_ids(tok.encode(prompt), limit, body.truncation_side)
 
     def build(self, tokens: tuple[str, list[int]], ids: ResponseIds) -> ChatJob:
         """The ``n`` sub-requests (seed ``+i``; the context left as ``max_tokens`` when

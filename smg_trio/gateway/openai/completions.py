@@ -46,6 +46,7 @@ from smg_trio.gateway.openai.translate import (
     choice_params,
     resolve_max_tokens,
 )
+from smg_trio.gateway.openai.truncation import truncate_all, truncation_limit
 from smg_trio.tokenizer import Tokenizer
 
 __all__ = [
@@ -152,14 +153,18 @@ class CompletionDraft:
     def tokenize(self) -> list[list[int]]:
         """Each prompt's token ids (see :func:`~smg_trio.gateway.openai.prompts.parse_prompts`)."""
         plan, served = self.plan, self.served
+        limit = truncation_limit(self.body, served.max_model_len)
 
         def fits(prompt: str | Sequence[Any], param: str) -> None:
+            if limit is not None:  # truncated after encoding: it fits by then
+                return
             if isinstance(prompt, str):
                 check_prompt_fits(plan, served, prompt, param)
             else:
                 check_token_ids_fit(plan, served, len(prompt), param)
 
-        return parse_prompts(self.body.prompt, served.tokenizer, self.config.max_prompts, fits)
+        prompts = parse_prompts(self.body.prompt, served.tokenizer, self.config.max_prompts, fits)
+        return truncate_all(prompts, limit, self.body.truncation_side)
 
     def build(self, prompts: list[list[int]], ids: ResponseIds) -> CompletionJob:
         """``n`` sub-requests per prompt, within the request's token budget. An echo-only

@@ -7,7 +7,7 @@ Requests ignore unknown fields (clients send vendor extensions). Type and range 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -94,10 +94,12 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     data_parallel_rank: NonNegInt | None = None
     prompt_logprobs: NonNegInt | None = None
     kv_transfer_params: dict[str, Any] | None = None
+    #: vLLM's: keep this many prompt tokens (-1: the context less one), from ``truncation_side``.
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
     # Known fields this gateway cannot honour: rejected when set, never silently dropped.
     best_of: int | None = None
     use_beam_search: bool | None = False
-    truncate_prompt_tokens: int | None = None
     priority: int | None = 0
     user: str | None = None
 

@@ -86,10 +86,6 @@ def _reject_unsupported(body: SamplingRequest) -> None:
         raise _bad(f"best_of ({body.best_of}) must be >= n ({n})", "best_of", "invalid_value")
     if body.use_beam_search:
         raise _bad("beam search is not supported", "use_beam_search", "unsupported_field")
-    if body.truncate_prompt_tokens is not None:
-        raise _bad(
-            "truncate_prompt_tokens is not supported", "truncate_prompt_tokens", "unsupported_field"
-        )
     if body.priority:
         raise _bad("request priority is not supported", "priority", "unsupported_field")
 
