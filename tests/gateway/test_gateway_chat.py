@@ -441,7 +441,7 @@ async def test_sampling_fields_reach_the_vllm_wire(harness: HarnessFactory, tok:
                 ({"response_format": {"type": "json_object"}}, "json_object", True),
                 ({"guided_regex": "a+"}, "regex", "a+"),
                 ({"guided_choice": ["yes", "no"]}, "choice", ["yes", "no"]),
-                ({"guided_grammar": "root ::= 'a'"}, "grammar", "root ::= 'a'"),
+                ({"guided_grammar": 'root ::= "a"'}, "grammar", 'root ::= "a"'),  # GBNF quotes
                 ({"guided_json": '{"type": "string"}'}, "json", {"type": "string"}),
                 ({"structured_outputs": {"regex": "b+"}}, "regex", "b+"),
             ]:

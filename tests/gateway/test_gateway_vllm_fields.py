@@ -131,3 +131,42 @@ async def test_truncate_prompt_tokens_keeps_the_chosen_side(
             assert chat.status_code == 200, chat.text
             assert len(h.engine.requests[-1].prompt_token_ids) == 2
             assert chat.json()["usage"]["prompt_tokens"] == 2
+
+
+async def test_bad_constraints_are_400s_before_the_engine(
+    harness: HarnessFactory, tok: Any
+) -> None:
+    """vLLM 0.32 checks a constraint with its guidance backend (llguidance) before any engine
+    work: an invalid regex, JSON schema or grammar is a 400, not a 200 with empty text."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "a")) as h:
+            for extra, param in (
+                ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs.regex"),
+                ({"guided_regex": "a(b"}, "guided_regex"),
+                ({"guided_json": {"type": "nope"}}, "guided_json"),
+                ({"structured_outputs": {"grammar": "start: foo"}}, "structured_outputs.grammar"),
+                (
+                    {
+                        "response_format": {
+                            "type": "json_schema",
+                            "json_schema": {"name": "x", "schema": {"type": "nope"}},
+                        }
+                    },
+                    "response_format",
+                ),
+            ):
+                res = await h.chat(max_tokens=2, **extra)
+                assert res.status_code == 400, (extra, res.text)
+                err = res.json()["error"]
+                assert err["param"] == param, err
+                cmpl = await h.complete(max_tokens=2, **extra)
+                assert cmpl.status_code == 400, (extra, cmpl.text)
+            assert h.engine.requests == []
+            for extra in (
+                {"structured_outputs": {"regex": "a+"}},
+                {"structured_outputs": {"choice": ["a", "b"]}},
+                {"structured_outputs": {"grammar": 'start: "a"'}},
+                {"guided_json": {"type": "object"}},
+            ):
+                ok = await h.chat(max_tokens=2, **extra)
+                assert ok.status_code == 200, (extra, ok.text)

@@ -17,6 +17,7 @@ from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.calls import merge_calls
 from smg_trio.gateway.openai.fanout import SubRequest, usage_of
 from smg_trio.gateway.openai.framing import ChunkFramer, StreamUsage
+from smg_trio.gateway.openai.grammar_check import check_grammar
 from smg_trio.gateway.openai.logprobs import chat_logprobs, merge_runs, prompt_logprobs
 from smg_trio.gateway.openai.request_template import (
     check_request_template,
@@ -205,6 +206,7 @@ class ChatDraft:
         """The rendered chat template and its token ids (refused before encoding when it
         cannot fit the context)."""
         body, tok = self.body, self.served.tokenizer
+        check_grammar(self.plan.sampling.structured_outputs, self.plan.structured_param)
         template, kwargs = split_request_template(body, tok.content_format)
         prompt = tok.apply_chat_template(
             body.messages,

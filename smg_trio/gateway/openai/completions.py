@@ -19,6 +19,7 @@ from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.fanout import SubRequest, usage_of
 from smg_trio.gateway.openai.framing import ChunkFramer, StreamUsage
+from smg_trio.gateway.openai.grammar_check import check_grammar
 from smg_trio.gateway.openai.logprobs import (
     completion_logprobs,
     echo_logprobs,
@@ -153,6 +154,7 @@ class CompletionDraft:
     def tokenize(self) -> list[list[int]]:
         """Each prompt's token ids (see :func:`~smg_trio.gateway.openai.prompts.parse_prompts`)."""
         plan, served = self.plan, self.served
+        check_grammar(plan.sampling.structured_outputs, plan.structured_param)
         limit = truncation_limit(self.body, served.max_model_len)
 
         def fits(prompt: str | Sequence[Any], param: str) -> None:

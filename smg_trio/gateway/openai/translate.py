@@ -72,6 +72,9 @@ class Plan:
     hidden_stop_ids: frozenset[int]
     data_parallel_rank: int | None
     logprobs: LogprobRequest
+    #: The client's field that set ``sampling.structured_outputs`` (``None``: no constraint,
+    #: or the gateway's own for ``tool_choice``), for the grammar check's 400.
+    structured_param: str | None = None
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> ValidationError:
@@ -220,12 +223,13 @@ def _constraints(body: SamplingRequest) -> list[tuple[str, str, StructuredOutput
 
 def _structured(
     body: SamplingRequest, caps: Capabilities, tool_constraint: StructuredOutputs | None = None
-) -> StructuredOutputs | None:
+) -> tuple[str | None, StructuredOutputs | None]:
+    """The request's one constraint and the field that set it."""
     found = _constraints(body)
     if tool_constraint is not None:  # tool_choice required / a named function
         found.insert(0, ("tool_choice", "json", tool_constraint))
     if not found:
-        return None
+        return None, None
     if len(found) > 1:
         raise _bad(
             "Multiple constraints are not allowed: " + ", ".join(p for p, _, _ in found),
@@ -234,7 +238,7 @@ def _structured(
     param, kind, so = found[0]
     if kind not in caps.structured_outputs:
         raise UnsupportedField(param, caps.engine, f"{kind} constraints")
-    return so
+    return param, so
 
 
 def _check_logprobs(lp: LogprobRequest, caps: Capabilities, config: GatewayHttpConfig) -> None:
@@ -314,7 +318,7 @@ def build_plan(
             raise UnsupportedField("logit_bias", caps.engine)
         logit_bias = _logit_bias(body.logit_bias, vocab)
     _check_logprobs(logprobs, caps, config)
-    structured = _structured(body, caps, tool_constraint)
+    structured_param, structured = _structured(body, caps, tool_constraint)
 
     stops = _stops(body.stop)
     user_ids = _token_ids(body.stop_token_ids or [], vocab, "stop_token_ids")
@@ -357,6 +361,7 @@ def build_plan(
         hidden_stop_ids=frozenset(hidden),
         data_parallel_rank=body.data_parallel_rank,
         logprobs=logprobs,
+        structured_param=None if structured_param == "tool_choice" else structured_param,
     )
 
 
