@@ -384,6 +384,26 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_SHUTDOWN_GRACE_PERIOD_S,
         help="on SIGINT/SIGTERM, how long in-flight requests may finish (default %(default)s)",
     )
+    g.add_argument(
+        "--enable-log-requests",
+        action="store_true",
+        help="log each inference request (id, endpoint, model, prompt tokens, body) at INFO, "
+        "as vLLM's flag does",
+    )
+    g.add_argument(
+        "--max-log-len",
+        type=_int_at_least(0),
+        default=None,
+        help="with --enable-log-requests: the most body characters logged (default: all)",
+    )
+    g.add_argument(
+        "--disable-access-log",
+        "--disable-uvicorn-access-log",
+        dest="disable_access_log",
+        action="store_true",
+        help="accepted for vLLM's command lines: smg_trio writes no per-request access log "
+        "(its metrics count requests; --enable-log-requests logs them)",
+    )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument("--log-format", default="text", choices=["text", "json"])
     g.add_argument("--config", help="a TOML or JSON file of flag values (flag names with _)")
@@ -415,6 +435,12 @@ def _parser() -> argparse.ArgumentParser:
         choices=["vllm", "tokenspeed", "mock"],
         default=None,
         help="engine to launch (default: vllm or tokenspeed if installed, else the built-in mock)",
+    )
+    s.add_argument(
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        help="the model, as vLLM's positional `vllm serve MODEL` (the same as --model)",
     )
     s.add_argument(
         "--model",
@@ -673,6 +699,8 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "chat_template": _chat_template(args),
         "chat_template_content_format": args.chat_template_content_format,
         "trust_request_chat_template": args.trust_request_chat_template,
+        "enable_log_requests": args.enable_log_requests,
+        "max_log_len": args.max_log_len,
         "max_n": args.max_n,
         "responses_store_size": args.responses_store_size,
         "max_sequences_per_request": args.max_sequences_per_request,
@@ -721,6 +749,11 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     if args.discovery_provider == "file" and not args.discovery_file:
         _usage_error("--discovery-provider file needs --discovery-file FILE")
     if args.command == "serve":
+        tag = getattr(args, "model_tag", None)
+        if tag is not None:  # vLLM's positional `serve MODEL`
+            if args.model is not None and args.model != tag:
+                _usage_error(f"the model is given twice: {tag!r} and --model {args.model!r}")
+            args.model = tag
         if args.worker_base_port + args.dp_size - 1 > 65535:
             raise SystemExit(
                 f"smg_trio: error: --worker-base-port {args.worker_base_port} with --dp-size "

@@ -126,6 +126,10 @@ class GatewayHttpConfig:
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     trust_request_chat_template: bool = False
+    #: vLLM's ``--enable-log-requests`` (one INFO line per inference request) and
+    #: ``--max-log-len`` (the most body characters in it; ``None``: all).
+    enable_log_requests: bool = False
+    max_log_len: int | None = None
     body_timeout_s: float = 60.0
     max_sequences_per_request: int = attrs.field(
         default=DEFAULT_MAX_SEQUENCES_PER_REQUEST, validator=_positive

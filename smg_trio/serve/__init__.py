@@ -114,6 +114,8 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         tool_call_parser=config.tool_call_parser,
         enable_auto_tool_choice=config.enable_auto_tool_choice,
         trust_request_chat_template=config.trust_request_chat_template,
+        enable_log_requests=config.enable_log_requests,
+        max_log_len=config.max_log_len,
     )
 
 

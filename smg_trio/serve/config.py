@@ -106,6 +106,9 @@ class GatewayConfig:
     chat_template: str | None = None
     chat_template_content_format: str = "auto"
     trust_request_chat_template: bool = False
+    #: vLLM's ``--enable-log-requests`` and ``--max-log-len``.
+    enable_log_requests: bool = False
+    max_log_len: int | None = None
     max_n: int = DEFAULT_MAX_N
     responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE
     max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST

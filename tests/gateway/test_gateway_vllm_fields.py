@@ -5,8 +5,10 @@ vLLM's own code: the seed range (``completion/protocol.py``: any int64), ``logit
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import pytest
 import trio
 
 from smg_trio.gateway.config import GatewayHttpConfig
@@ -170,3 +172,19 @@ async def test_bad_constraints_are_400s_before_the_engine(
             ):
                 ok = await h.chat(max_tokens=2, **extra)
                 assert ok.status_code == 200, (extra, ok.text)
+
+
+async def test_enable_log_requests_logs_each_request(
+    harness: HarnessFactory, tok: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = GatewayHttpConfig(enable_log_requests=True, max_log_len=40)
+    caplog.set_level(logging.INFO, logger="smg_trio.requests")
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "x"), config=config) as h:
+            body = {"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            res = await h.post("/v1/chat/completions", body, headers={"x-request-id": "req-42"})
+            assert res.status_code == 200, res.text
+    lines = [r.getMessage() for r in caplog.records if r.name == "smg_trio.requests"]
+    assert len(lines) == 1
+    assert lines[0].startswith("Received request req-42: endpoint chat, model 'M', body {")
+    assert lines[0].endswith("...")

@@ -658,3 +658,20 @@ def test_chat_template_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         cli._config_from_args(_args([*base, "--chat-template", str(tmp_path / "nope.jinja")]), [])  # type: ignore[arg-type]
     assert exit_.value.code == 2
     assert "looks like a file path" in capsys.readouterr().err
+
+
+def test_vllm_serve_command_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's `serve MODEL` (positional), its request-log flags and its access-log flags
+    (accepted: smg_trio writes no access log) parse."""
+    model = str(default_tiny_model_dir())
+    argv = ["serve", model, "--backend", "mock", "--enable-log-requests", "--max-log-len", "100"]
+    config = cli._config_from_args(_args([*argv, "--disable-uvicorn-access-log"]), [])  # type: ignore[arg-type]
+    assert config.model_path == model
+    assert config.enable_log_requests is True
+    assert config.max_log_len == 100
+    both = ["serve", model, "--model", model, "--backend", "mock", "--disable-access-log"]
+    assert cli._config_from_args(_args(both), []).model_path == model  # type: ignore[arg-type]
+    with pytest.raises(SystemExit) as exit_:
+        cli._config_from_args(_args(["serve", model, "--model", "/other", "--backend", "mock"]), [])  # type: ignore[arg-type]
+    assert exit_.value.code == 2
+    assert "given twice" in capsys.readouterr().err

@@ -6,6 +6,7 @@ from __future__ import annotations
 from quart import Response
 
 from smg_trio.gateway.http.call import RequestCall
+from smg_trio.gateway.http.request_log import log_request
 from smg_trio.gateway.http.sse import sse_response, sse_whole
 from smg_trio.gateway.openai.api import B, InferenceApi
 from smg_trio.gateway.openai.fanout import run_all
@@ -26,6 +27,8 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
         served = await call.gw.resolve_model(body.model)
         draft = api.check(body, served, call.gw.config)
         tokens = await call.tokenize(draft.tokenize)
+        if call.gw.config.enable_log_requests:
+            log_request(call, body, served.model_id)
         job = draft.build(tokens, call.reserve_ids())
         call.subs = job.subs
         call.prompt_tokens = job.prompt_tokens

@@ -93,6 +93,13 @@ def _load_formats() -> None:
 
     for module in FORMAT_MODULES:
         importlib.import_module(f"smg_trio.parsers.reasoning.{module}")
+    for alias, name in ALIASES.items():
+        _REGISTRY.setdefault(alias, _REGISTRY[name])
+
+
+#: vLLM 0.32's ``--reasoning-parser`` names for formats registered here under another name
+#: (vLLM maps ``glm47`` and ``glm45`` to one class; ``openai_gptoss`` is gpt-oss's harmony).
+ALIASES: dict[str, str] = {"openai_gptoss": "openai", "glm47": "glm45"}
 
 
 def reasoning_parser_names() -> list[str]:
