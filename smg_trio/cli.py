@@ -404,6 +404,18 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="accepted for vLLM's command lines: smg_trio writes no per-request access log "
         "(its metrics count requests; --enable-log-requests logs them)",
     )
+    for flag, default, what in (
+        ("--allowed-origins", [], "origins a browser may call from ('*': any; default none)"),
+        ("--allowed-methods", ["*"], "methods allowed cross-origin (default '*')"),
+        ("--allowed-headers", ["*"], "request headers allowed cross-origin (default '*')"),
+    ):
+        g.add_argument(flag, nargs="+", type=_cors_item, default=default, metavar="ITEM",
+                       help=f"CORS, as vLLM's flag: {what}")  # fmt: skip
+    g.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="CORS: allow credentials (cookies, auth) cross-origin, as vLLM's flag",
+    )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument("--log-format", default="text", choices=["text", "json"])
     g.add_argument("--config", help="a TOML or JSON file of flag values (flag names with _)")
@@ -670,6 +682,26 @@ def _check_mock_script(path: str, tok: Any) -> None:
         _usage_error(str(exc))
 
 
+def _cors_item(text: str) -> list[str]:
+    """One CORS flag value: a name, or a JSON list of names (older vLLM's spelling)."""
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a JSON list: {text!r}") from None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise argparse.ArgumentTypeError(f"not a JSON list of strings: {text!r}")
+        return items
+    return [text]
+
+
+def _flatten(values: list[Any]) -> list[str]:
+    out: list[str] = []
+    for v in values:
+        out.extend(v if isinstance(v, list) else [v])
+    return out
+
+
 def _chat_template(args: argparse.Namespace) -> str | None:
     """``--chat-template``'s Jinja source (read and compiled once, here); a usage error."""
     if args.chat_template is None:
@@ -700,6 +732,10 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "chat_template_content_format": args.chat_template_content_format,
         "trust_request_chat_template": args.trust_request_chat_template,
         "enable_log_requests": args.enable_log_requests,
+        "allowed_origins": tuple(_flatten(args.allowed_origins)),
+        "allowed_methods": tuple(_flatten(args.allowed_methods)),
+        "allowed_headers": tuple(_flatten(args.allowed_headers)),
+        "allow_credentials": args.allow_credentials,
         "max_log_len": args.max_log_len,
         "max_n": args.max_n,
         "responses_store_size": args.responses_store_size,

@@ -130,6 +130,12 @@ class GatewayHttpConfig:
     #: ``--max-log-len`` (the most body characters in it; ``None``: all).
     enable_log_requests: bool = False
     max_log_len: int | None = None
+    #: CORS with vLLM 0.32's defaults: no allowed origin (no CORS headers at all), every
+    #: method and header once an origin is allowed, no credentials.
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
     body_timeout_s: float = 60.0
     max_sequences_per_request: int = attrs.field(
         default=DEFAULT_MAX_SEQUENCES_PER_REQUEST, validator=_positive

@@ -116,6 +116,10 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         trust_request_chat_template=config.trust_request_chat_template,
         enable_log_requests=config.enable_log_requests,
         max_log_len=config.max_log_len,
+        allowed_origins=tuple(config.allowed_origins),
+        allowed_methods=tuple(config.allowed_methods),
+        allowed_headers=tuple(config.allowed_headers),
+        allow_credentials=config.allow_credentials,
     )
 
 

@@ -109,6 +109,11 @@ class GatewayConfig:
     #: vLLM's ``--enable-log-requests`` and ``--max-log-len``.
     enable_log_requests: bool = False
     max_log_len: int | None = None
+    #: vLLM's CORS flags (see :class:`~smg_trio.gateway.config.GatewayHttpConfig`).
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
     max_n: int = DEFAULT_MAX_N
     responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE
     max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST

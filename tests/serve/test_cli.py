@@ -675,3 +675,21 @@ def test_vllm_serve_command_lines(capsys: pytest.CaptureFixture[str]) -> None:
         cli._config_from_args(_args(["serve", model, "--model", "/other", "--backend", "mock"]), [])  # type: ignore[arg-type]
     assert exit_.value.code == 2
     assert "given twice" in capsys.readouterr().err
+
+
+def test_cors_flags_with_vllms_defaults() -> None:
+    model = str(default_tiny_model_dir())
+    base = ["serve", model, "--backend", "mock"]
+    plain = cli._config_from_args(_args(base), [])  # type: ignore[arg-type]
+    assert (plain.allowed_origins, plain.allowed_methods, plain.allowed_headers) == (
+        (),
+        ("*",),
+        ("*",),
+    )
+    assert plain.allow_credentials is False
+    argv = [*base, "--allowed-origins", "https://a.example", "https://b.example",
+            "--allowed-methods", '["GET", "POST"]', "--allow-credentials"]  # fmt: skip
+    config = cli._config_from_args(_args(argv), [])  # type: ignore[arg-type]
+    assert config.allowed_origins == ("https://a.example", "https://b.example")
+    assert config.allowed_methods == ("GET", "POST")
+    assert config.allow_credentials is True

@@ -18,6 +18,7 @@ from smg_trio import __version__
 from smg_trio.backend import GatewayBackend
 from smg_trio.gateway.config import DEFAULT_WRITE_TIMEOUT_S, GatewayHttpConfig
 from smg_trio.gateway.http.call import JSON_TYPE, Gateway, json_response
+from smg_trio.gateway.http.cors import Cors
 from smg_trio.gateway.http.fastroute import InferenceRoutes
 from smg_trio.gateway.http.health import health, liveness, readiness
 from smg_trio.gateway.http.metrics import GatewayMetrics
@@ -136,14 +137,20 @@ def create_app(
 
     # The hot routes skip Quart's per-request machinery; Quart views of the same routes serve
     # what the middleware does not take (e.g. the app mounted under a root path).
-    app.asgi_app = RequestGuard(  # type: ignore[assignment,method-assign]
-        InferenceRoutes(
-            app.asgi_app,
-            routes,
-            send_response,
-            max_body=config.max_body_bytes,
-            body_timeout_s=config.body_timeout_s,
-        )
+    app.asgi_app = Cors(  # type: ignore[assignment,method-assign]
+        RequestGuard(
+            InferenceRoutes(
+                app.asgi_app,
+                routes,
+                send_response,
+                max_body=config.max_body_bytes,
+                body_timeout_s=config.body_timeout_s,
+            )
+        ),
+        config.allowed_origins,
+        config.allowed_methods,
+        config.allowed_headers,
+        config.allow_credentials,
     )
 
     for path, route in routes.items():
