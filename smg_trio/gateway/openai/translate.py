@@ -75,6 +75,9 @@ class Plan:
     #: The client's field that set ``sampling.structured_outputs`` (``None``: no constraint,
     #: or the gateway's own for ``tool_choice``), for the grammar check's 400.
     structured_param: str | None = None
+    #: ``max_tokens`` above the context left is clamped to it rather than refused (vLLM
+    #: 0.32's ``get_max_tokens``; the Messages API sets it).
+    clamp_max_tokens: bool = False
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> ValidationError:
@@ -387,6 +390,8 @@ def resolve_max_tokens(
     if mt is None:
         default = served.protocol.capabilities.default_max_tokens_is_remaining_context
         return (room if default else None), room
+    if mt > room and plan.clamp_max_tokens:
+        return room, room
     if mt > room:
         raise ValidationError(
             f"This model's maximum context length is {ctx} tokens. However, you requested "
@@ -418,7 +423,7 @@ def _check_fits(plan: Plan, served: ServedModel, lower: int, prompt_param: str, 
             code="context_length_exceeded",
         )
     mt = plan.max_tokens
-    if mt is not None and lower + mt > ctx:
+    if mt is not None and lower + mt > ctx and not plan.clamp_max_tokens:
         raise ValidationError(
             f"This model's maximum context length is {ctx} tokens. However, you requested "
             f"{qual}{lower + mt} tokens ({qual}{lower} in the prompt, {mt} for the completion).",
