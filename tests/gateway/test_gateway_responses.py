@@ -262,3 +262,37 @@ async def test_required_and_named_constrain_the_engine_and_answer_function_calls
             assert required["type"] == "array"
             assert required["maxItems"] == 1
             assert _structured(h.engine.requests[1].raw)["json"] == TOOLS[0]["parameters"]
+
+
+async def test_include_output_text_logprobs(harness: HarnessFactory, tok: Tokenizer) -> None:
+    """vLLM 0.32: ``include: ["message.output_text.logprobs"]`` asks the engine for
+    ``top_logprobs`` candidates and answers them on the ``output_text`` part (token, logprob,
+    bytes, top_logprobs), streamed on each ``output_text.delta`` and again on ``.done``."""
+    body = {
+        "model": "M",
+        "input": "hi",
+        "include": ["message.output_text.logprobs", "reasoning.encrypted_content"],
+        "top_logprobs": 2,
+    }
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "Hello", " world")) as h:
+            whole = await h.post("/v1/responses", body)
+            assert whole.status_code == 200, whole.text
+            assert h.engine.requests[-1].logprobs == 2
+            part = whole.json()["output"][0]["content"][0]
+            n = len(tok.encode("Hello world"))
+            assert len(part["logprobs"]) == n
+            assert all(len(e["top_logprobs"]) == 2 for e in part["logprobs"])
+            assert "".join(e["token"] for e in part["logprobs"]) == "Hello world"
+            _, events = await h.stream("/v1/responses", body)
+            deltas = [e for e in events if e.get("type") == "response.output_text.delta"]
+            streamed = [x for d in deltas for x in d["logprobs"]]
+            assert [e["token"] for e in streamed] == [e["token"] for e in part["logprobs"]]
+            done = next(e for e in events if e.get("type") == "response.output_text.done")
+            assert done["logprobs"] == streamed
+            plain = (await h.post("/v1/responses", {"model": "M", "input": "hi"})).json()
+            assert plain["output"][0]["content"][0]["logprobs"] == []
+            assert h.engine.requests[-1].logprobs is None
+            bad = await h.post("/v1/responses", {**body, "include": ["everything"]})
+            assert bad.status_code == 400
+            assert bad.json()["error"]["param"] == "include[0]"

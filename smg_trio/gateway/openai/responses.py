@@ -20,10 +20,11 @@ from smg_trio.gateway.openai.calls import merge_calls, needs_flags, new_call_id
 from smg_trio.gateway.openai.chat import CHAT, ChatDraft, ChatJob, ChatJobView
 from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.gateway.openai.fanout import SubRequest
+from smg_trio.gateway.openai.logprobs import chat_logprobs, merge_runs
 from smg_trio.gateway.openai.responses_schemas import ResponseObject, ResponsesRequest
 from smg_trio.gateway.openai.responses_store import ResponseStoreLike, StoredResponse
 from smg_trio.gateway.openai.schemas import ChatCompletionRequest
-from smg_trio.gateway.openai.textgen import ChoiceCollector, TextDelta
+from smg_trio.gateway.openai.textgen import ChoiceCollector, LogprobRun, TextDelta
 from smg_trio.parsers.tools import ToolCallDelta
 from smg_trio.tokenizer import Tokenizer
 
@@ -236,9 +237,12 @@ class ResponsesApi:
         turn = to_chat_messages(body.input)
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
         effort = (body.reasoning or {}).get("effort")
+        logprobs = "message.output_text.logprobs" in (body.include or ())
         chat = ChatCompletionRequest(
             model=body.model,
             messages=[*system, *history, *turn],
+            logprobs=logprobs,
+            top_logprobs=(body.top_logprobs or 0) if logprobs else None,
             max_tokens=body.max_output_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
@@ -362,6 +366,16 @@ class ResponsesJob(ChatJobView):
             self.store.put(response.id, StoredResponse(value, history, nbytes))
         return response
 
+    def logprobs(self, runs: list[LogprobRun]) -> list[dict[str, Any]]:
+        """``output_text.logprobs`` of ``runs`` (vLLM's entries: token, logprob, bytes,
+        top_logprobs), ``[]`` unless ``include`` asks for them."""
+        k = self.chat.top_logprobs
+        if k is None or not runs:
+            return []
+        entries = chat_logprobs(self.chat.served.tokenizer, merge_runs(runs), k).content
+        out: list[dict[str, Any]] = msgspec.to_builtins(entries)
+        return out
+
     def result(self, collected: ChoiceCollector | None) -> ResponseObject:
         """The response: ``reasoning``, ``message`` and ``function_call`` items."""
         assert collected is not None
@@ -373,6 +387,7 @@ class ResponsesJob(ChatJobView):
         calls = merge_calls(collected.tool_calls[0], "call_")
         if text or not calls:
             output.append(_message_item(_item_id("msg_"), text, "completed"))
+            output[-1]["content"][0]["logprobs"] = self.logprobs(collected.logprobs[0])
         for call in calls:
             output.append(
                 _call_item(_item_id("fc_"), call.id, call.name, call.arguments, "completed")
@@ -433,6 +448,7 @@ class ResponsesStreamRenderer:
         self._text: list[str] = []  # the open item's text or arguments
         self._reasoning: list[str] = []  # all reasoning text (for reasoning_tokens)
         self._calls: list[ToolCallDelta] = []  # sent when the reply ends
+        self._runs: list[LogprobRun] = []  # the open message's logprobs (with include)
 
     def _event(self, kind: str, payload: dict[str, Any]) -> bytes:
         payload = {"type": kind, "sequence_number": self._seq, **payload}
@@ -468,10 +484,12 @@ class ResponsesStreamRenderer:
             )
         elif kind == "message":
             part = _text_part(text)
+            part["logprobs"] = self._job.logprobs(self._runs)
+            self._runs = []
             item["content"] = [part]
             out = self._event(
                 "response.output_text.done",
-                {**where, "content_index": 0, "text": text, "logprobs": []},
+                {**where, "content_index": 0, "text": text, "logprobs": part["logprobs"]},
             ) + self._event(
                 "response.content_part.done", {**where, "content_index": 0, "part": part}
             )
@@ -525,6 +543,8 @@ class ResponsesStreamRenderer:
                     self._begin("message", _message_item(_item_id("msg_"), None, "in_progress"))
                 )
             self._text.append(delta.text)
+            runs = [delta.logprobs] if delta.logprobs is not None and len(delta.logprobs) else []
+            self._runs.extend(runs)
             out.append(
                 self._event(
                     "response.output_text.delta",
@@ -533,7 +553,7 @@ class ResponsesStreamRenderer:
                         "output_index": self._index,
                         "content_index": 0,
                         "delta": delta.text,
-                        "logprobs": [],
+                        "logprobs": self._job.logprobs(runs),
                     },
                 )
             )

@@ -3,12 +3,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
 __all__ = ["ResponseDeleted", "ResponseObject", "ResponsesRequest"]
+
+
+Includable = Literal[
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+]
 
 
 class ResponsesRequest(msgspec.Struct, kw_only=True):
@@ -35,6 +47,10 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     user: str | None = None
     #: Not OpenAI's (a response has one output): read only to refuse anything but 1.
     n: int | None = None
+    #: OpenAI's includable names (vLLM 0.32 takes the same list); only
+    #: ``message.output_text.logprobs`` changes the answer (with ``top_logprobs``).
+    include: list[Includable] | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
 
 
 class ResponseObject(msgspec.Struct, kw_only=True):
