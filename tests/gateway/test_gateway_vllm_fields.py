@@ -188,3 +188,43 @@ async def test_enable_log_requests_logs_each_request(
     assert len(lines) == 1
     assert lines[0].startswith("Received request req-42: endpoint chat, model 'M', body {")
     assert lines[0].endswith("...")
+
+
+async def test_return_token_ids(harness: HarnessFactory, tok: Any) -> None:
+    """vLLM 0.32's ``return_token_ids``: each choice's ``token_ids`` and the prompt's
+    ``prompt_token_ids`` (chat: at the top, on the first chunk when streamed; completions: on
+    each choice, on its first chunk when streamed); ``null`` when not asked."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "Hel", "lo")) as h:
+            gen = [*tok.encode("Hel"), *tok.encode("lo")]
+            chat = (await h.chat(max_tokens=5, return_token_ids=True)).json()
+            prompt = h.engine.requests[-1].prompt_token_ids
+            assert chat["prompt_token_ids"] == prompt
+            assert chat["choices"][0]["token_ids"][: len(gen)] == gen
+            _, events = await h.stream(
+                "/v1/chat/completions",
+                {"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+                 "return_token_ids": True},
+            )  # fmt: skip
+            chunks = [e for e in events if isinstance(e, dict)]
+            assert chunks[0]["prompt_token_ids"] == prompt
+            streamed = [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids", [])]
+            assert streamed == chat["choices"][0]["token_ids"]
+            cmpl = (
+                await h.complete(max_tokens=5, prompt=["a", "b c"], return_token_ids=True)
+            ).json()
+            for choice, text in zip(cmpl["choices"], ["a", "b c"], strict=True):
+                assert choice["prompt_token_ids"] == tok.encode(text, add_special_tokens=True)
+                assert choice["token_ids"][: len(gen)] == gen
+            _, events = await h.stream(
+                "/v1/completions",
+                {"model": "M", "prompt": "a", "max_tokens": 5, "return_token_ids": True},
+            )
+            chunks = [e for e in events if isinstance(e, dict) and e["choices"]]
+            assert chunks[0]["choices"][0]["prompt_token_ids"] == tok.encode(
+                "a", add_special_tokens=True
+            )
+            assert all("prompt_token_ids" not in c["choices"][0] for c in chunks[1:])
+            plain = (await h.chat(max_tokens=5)).json()
+            assert plain["prompt_token_ids"] is None
+            assert plain["choices"][0]["token_ids"] is None

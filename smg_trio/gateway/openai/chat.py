@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import msgspec
 from msgspec import UNSET
 
 from smg_trio.backend import ServedModel
@@ -320,7 +321,9 @@ class ChatJob:
             lps = None
             if k is not None:
                 lps = chat_logprobs(tok, merge_runs(collected.logprobs[i]), k)
-            choices.append(ChatChoice(i, message, lps, p.finish_reason, p.stop_reason))
+            choice = ChatChoice(i, message, lps, p.finish_reason, p.stop_reason)
+            choice.token_ids = p.token_ids
+            choices.append(choice)
         out = ChatCompletion(
             id=self.ids.response_id,
             created=self.ids.created,
@@ -329,6 +332,8 @@ class ChatJob:
             usage=usage_of(self.prompt_tokens, self.subs),
             kv_transfer_params=self.subs[0].pipeline.kv_transfer_params if self.subs else None,
         )
+        if self.subs and self.subs[0].pipeline.token_ids is not None:
+            out.prompt_token_ids = self.prompt_ids
         if self.prompt_k is not None:
             out.prompt_logprobs = prompt_logprobs(
                 tok, self.subs[0].pipeline.prompt_logprobs, self.prompt_ids, self.prompt_k
@@ -393,13 +398,20 @@ class ChatStreamRenderer:
         self._subs: Sequence[SubRequest] = job.subs
         self._k = job.top_logprobs
         self._usage = StreamUsage(self._framer, job)
+        self._prompt_ids = job.prompt_ids
+        self._sent = [0] * len(job.subs)  # token ids already sent, per choice
 
     def start(self) -> bytes:
         usage = self._usage.running()
-        return b"".join(
+        frames = [
             self._framer.frame(ChunkChoice(i, Delta(role="assistant", content="")), usage)
             for i in range(len(self._subs))
-        )
+        ]
+        if frames and self._subs[0].pipeline.token_ids is not None:
+            # vLLM: prompt_token_ids at the top of the first chunk
+            ids = msgspec.json.encode(self._prompt_ids)
+            frames[0] = frames[0][:-3] + b',"prompt_token_ids":' + ids + b"}\n\n"
+        return b"".join(frames)
 
     def delta(self, sub: SubRequest, delta: TextDelta) -> bytes:
         lp = None
@@ -417,6 +429,10 @@ class ChatStreamRenderer:
             finish,
             UNSET if finish is None else delta.stop_reason,
         )
+        ids = sub.pipeline.token_ids
+        if ids is not None:
+            i = sub.pipeline.index
+            choice.token_ids, self._sent[i] = ids[self._sent[i] :], len(ids)
         usage = self._usage.running()
         return self._framer.frame(choice, usage)
 

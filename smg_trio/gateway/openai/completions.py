@@ -291,6 +291,9 @@ class CompletionJob:
                 gen, _ = completion_logprobs(tok, merge_runs(runs), k, offset)
                 lps = gen if lps is None else _concat(lps, gen)
             choice = CompletionChoice(i, text, lps, p.finish_reason, p.stop_reason)
+            if p.token_ids is not None:  # vLLM's return_token_ids
+                choice.token_ids = p.token_ids
+                choice.prompt_token_ids = self.prompts[i // n]
             if prompt_k is not None:
                 choice.prompt_logprobs = prompt_logprobs(
                     tok, p.prompt_logprobs, self.prompts[i // n], prompt_k
@@ -314,6 +317,9 @@ class CompletionStreamRenderer:
         self._echoed = [False] * len(subs)
         self._offset = [0] * len(subs)
         self._usage = StreamUsage(self._framer, job)
+        self._prompts = job.prompts
+        self._sent = [0] * len(subs)  # token ids already sent, per choice
+        self._prompted = [False] * len(subs)
 
     def start(self) -> bytes:
         return b""
@@ -338,6 +344,11 @@ class CompletionStreamRenderer:
         choice = CompletionChunkChoice(
             i, text, lp, finish, UNSET if finish is None else delta.stop_reason
         )
+        if p.token_ids is not None:  # vLLM: prompt ids on a choice's first chunk
+            if not self._prompted[i]:
+                self._prompted[i] = True
+                choice.prompt_token_ids = self._prompts[i // self._n]
+            choice.token_ids, self._sent[i] = p.token_ids[self._sent[i] :], len(p.token_ids)
         usage = self._usage.running()
         return self._framer.frame(choice, usage)
 

@@ -94,6 +94,8 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     data_parallel_rank: NonNegInt | None = None
     prompt_logprobs: NonNegInt | None = None
     kv_transfer_params: dict[str, Any] | None = None
+    #: vLLM's: the answer carries ``prompt_token_ids`` and each choice's ``token_ids``.
+    return_token_ids: bool | None = False
     #: vLLM's: keep this many prompt tokens (-1: the context less one), from ``truncation_side``.
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None
     truncation_side: Literal["left", "right"] | None = None
@@ -213,6 +215,7 @@ class ChatChoice(msgspec.Struct):
     logprobs: ChatLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's, with return_token_ids
 
 
 class ChatCompletion(msgspec.Struct, kw_only=True):
@@ -226,6 +229,7 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     choices: list[ChatChoice]
     usage: Usage
     prompt_logprobs: list[Any] | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's, with return_token_ids
     kv_transfer_params: dict[str, Any] | None = None
 
 
@@ -262,6 +266,7 @@ class ChunkChoice(msgspec.Struct):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | UnsetType | None = UNSET
+    token_ids: list[int] | UnsetType = UNSET  # vLLM's, with return_token_ids
 
 
 class CompletionLogprobs(msgspec.Struct):
@@ -284,6 +289,8 @@ class CompletionChoice(msgspec.Struct):
     finish_reason: str | None
     stop_reason: int | str | None = None
     prompt_logprobs: list[Any] | None = None  # null unless requested, as in vLLM 0.32
+    token_ids: list[int] | None = None  # vLLM's, with return_token_ids
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionChunkChoice(msgspec.Struct):
@@ -294,6 +301,8 @@ class CompletionChunkChoice(msgspec.Struct):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | UnsetType | None = UNSET
+    token_ids: list[int] | UnsetType = UNSET  # vLLM's, with return_token_ids
+    prompt_token_ids: list[int] | UnsetType = UNSET  # on a choice's first chunk
 
 
 class Completion(msgspec.Struct, kw_only=True):

@@ -52,6 +52,8 @@ class ChoiceParams:
     logprobs: bool = False
     tool_parser: Callable[[], ToolParser] | None = None
     max_tool_calls: int | None = None
+    #: vLLM's ``return_token_ids``: keep the generated ids (:attr:`ChoicePipeline.token_ids`).
+    token_ids: bool = False
 
 
 #: A whole choice's ids are decoded in runs of at most this many (a 30k-token answer is not
@@ -149,6 +151,7 @@ class ChoicePipeline:
         "kv_transfer_params",
         "prompt_logprobs",
         "stop_reason",
+        "token_ids",
         "tool_calls_made",
     )
 
@@ -200,6 +203,8 @@ class ChoicePipeline:
         self.prompt_logprobs: list[TokenLogprobs] = []
         #: What the engine's KV connector returned (vLLM's ``kv_transfer_params``), if any.
         self.kv_transfer_params: Any = None
+        #: The generated ids (with ``return_token_ids``; else ``None``).
+        self.token_ids: list[int] | None = [] if params.token_ids else None
 
     @property
     def done(self) -> bool:
@@ -283,6 +288,8 @@ class ChoicePipeline:
             and toks[-1] in self._params.hidden_stop_ids
         )
         visible = toks[:-1] if hide else toks
+        if self.token_ids is not None:
+            self.token_ids.extend(toks)
         matcher = self._matcher
         detok = self._detok
         reasoning = self._reasoning

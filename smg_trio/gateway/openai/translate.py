@@ -78,6 +78,8 @@ class Plan:
     #: ``max_tokens`` above the context left is clamped to it rather than refused (vLLM
     #: 0.32's ``get_max_tokens``; the Messages API sets it).
     clamp_max_tokens: bool = False
+    #: vLLM's ``return_token_ids``: the answer carries the prompt's and each choice's ids.
+    return_token_ids: bool = False
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> ValidationError:
@@ -365,6 +367,7 @@ def build_plan(
         data_parallel_rank=body.data_parallel_rank,
         logprobs=logprobs,
         structured_param=None if structured_param == "tool_choice" else structured_param,
+        return_token_ids=bool(body.return_token_ids),
     )
 
 
@@ -512,6 +515,7 @@ def choice_params(
         logprobs=s.logprobs is not None,
         tool_parser=tools.parser,
         max_tool_calls=tools.max_calls,
+        token_ids=plan.return_token_ids,
     )
 
 
