@@ -85,7 +85,6 @@ CHAT_CASES: list[tuple[str, dict[str, Any], int, str | None]] = [
         "truncate_prompt_tokens",
     ),
     ("truncation_side middle", {"truncation_side": "middle"}, 400, "truncation_side"),
-    ("chat echo", {"echo": True}, 400, "echo"),
     ("tool_choice required", {"tool_choice": "required"}, 400, "tool_choice"),
     (
         "response_format bad type",

@@ -228,3 +228,26 @@ async def test_return_token_ids(harness: HarnessFactory, tok: Any) -> None:
             plain = (await h.chat(max_tokens=5)).json()
             assert plain["prompt_token_ids"] is None
             assert plain["choices"][0]["token_ids"] is None
+
+
+async def test_chat_echo_continues_the_final_message(harness: HarnessFactory, tok: Any) -> None:
+    """vLLM 0.32's chat ``echo``: with ``continue_final_message`` (no generation prompt) the
+    reply's role is the last message's and its text leads the reply, whole and streamed (a
+    chunk after the role's); with a generation prompt only an assistant last turn is echoed."""
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+    body = {"model": "M", "messages": msgs, "max_tokens": 5, "echo": True,
+            "continue_final_message": True, "add_generation_prompt": False}  # fmt: skip
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "lo")) as h:
+            whole = (await h.post("/v1/chat/completions", body)).json()
+            message = whole["choices"][0]["message"]
+            assert (message["role"], message["content"]) == ("assistant", "Hello")
+            _, events = await h.stream("/v1/chat/completions", body)
+            deltas = [e["choices"][0]["delta"] for e in events if isinstance(e, dict)]
+            assert deltas[0] == {"role": "assistant", "content": ""}
+            assert deltas[1] == {"content": "Hel"}
+            assert "".join(d.get("content") or "" for d in deltas) == "Hello"
+            user_last = {**body, "messages": msgs[:1], "continue_final_message": False,
+                         "add_generation_prompt": True}  # fmt: skip
+            plain = (await h.post("/v1/chat/completions", user_last)).json()
+            assert plain["choices"][0]["message"]["content"] == "lo"

@@ -37,7 +37,8 @@ FIELD_MAP: tuple[tuple[str, str], ...] = (
     ("`n`", "n single-sample sub-requests `{id}-{i}` in one nursery; at most `max_n`"),
     ("`truncate_prompt_tokens`, `truncation_side`", "the encoded prompt is cut to that many tokens (-1: the context less one), the last ones unless `truncation_side` is `right`, as vLLM 0.32's renderer does"),
     ("`kv_transfer_params`", "vLLM: sent in `extra_args`, the engine's returned at the top of the response; TokenSpeed: 400"),
-    ("`best_of` > 1, `use_beam_search`, `priority` != 0, `suffix`, chat `echo`, ", "400 naming the field (not supported by this gateway)"),
+    ("`best_of` > 1, `use_beam_search`, `priority` != 0, `suffix`", "400 naming the field (not supported by this gateway)"),
+    ("chat `echo`", "the last message's text leads the reply when its role is the reply's (`assistant` with `add_generation_prompt`, else the last message's), as vLLM 0.32"),
 )  # fmt: skip
 
 

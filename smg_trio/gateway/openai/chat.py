@@ -99,11 +99,21 @@ def _check_messages(messages: Sequence[dict[str, Any]]) -> None:
             )
 
 
+def _echo_of(body: ChatCompletionRequest) -> tuple[str, str]:
+    """``(role, echoed text)`` as vLLM 0.32's chat serving has them: the reply's role is
+    ``assistant`` with ``add_generation_prompt``, else the last message's (the model continues
+    it); with ``echo`` the last message's text is echoed when its role is the reply's."""
+    last = body.messages[-1] if body.messages else {}
+    role = "assistant" if body.add_generation_prompt is not False else str(last.get("role"))
+    if not body.echo or last.get("role") != role:
+        return role, ""
+    content = last.get("content") or ""
+    if isinstance(content, list):
+        content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return role, str(content)
+
+
 def _check_chat_fields(body: ChatCompletionRequest) -> None:
-    if body.echo:
-        raise ValidationError(
-            "echo is not supported for chat completions", param="echo", code="unsupported_field"
-        )
     if body.top_logprobs and not body.logprobs:
         raise ValidationError(
             "top_logprobs requires logprobs to be true", param="top_logprobs", code="invalid_value"
@@ -270,6 +280,7 @@ class ChatDraft:
             reasoning=reasoning is not None,
             prompt_ids=prompt_ids,
             prompt_k=body.prompt_logprobs,
+            echo=_echo_of(body),
         )
 
 
@@ -293,6 +304,8 @@ class ChatJob:
     reasoning: bool
     prompt_ids: list[int]
     prompt_k: int | None
+    #: The reply's role and the echoed text (vLLM's ``echo``): see :func:`_echo_of`.
+    echo: tuple[str, str] = ("assistant", "")
     answered: bool = False
 
     def renderer(self) -> ChatStreamRenderer:
@@ -310,7 +323,9 @@ class ChatJob:
             i = p.index
             text = "".join(collected.text[i])
             calls = merge_calls(collected.tool_calls[i], "call_")
-            message = ChatMessageOut("assistant", text or (None if calls else ""))
+            role, echoed = self.echo
+            text = echoed + text
+            message = ChatMessageOut(role, text or (None if calls else ""))
             if calls:
                 message.tool_calls = [
                     ToolCallOut(id=c.id, function=FunctionCallOut(c.name, c.arguments))
@@ -400,13 +415,20 @@ class ChatStreamRenderer:
         self._usage = StreamUsage(self._framer, job)
         self._prompt_ids = job.prompt_ids
         self._sent = [0] * len(job.subs)  # token ids already sent, per choice
+        self._echo = job.echo
 
     def start(self) -> bytes:
         usage = self._usage.running()
+        role, echoed = self._echo
         frames = [
-            self._framer.frame(ChunkChoice(i, Delta(role="assistant", content="")), usage)
+            self._framer.frame(ChunkChoice(i, Delta(role=role, content="")), usage)
             for i in range(len(self._subs))
         ]
+        if echoed:  # vLLM: one chunk per choice with the echoed text, after the role's
+            frames += [
+                self._framer.frame(ChunkChoice(i, Delta(content=echoed)), usage)
+                for i in range(len(self._subs))
+            ]
         if frames and self._subs[0].pipeline.token_ids is not None:
             # vLLM: prompt_token_ids at the top of the first chunk
             ids = msgspec.json.encode(self._prompt_ids)
