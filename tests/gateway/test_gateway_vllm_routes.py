@@ -81,3 +81,40 @@ async def test_known_unserved_endpoint_is_404_with_the_served_list(
             assert "not served" in err["message"]
             assert "POST /v1/chat/completions" in err["message"]
             assert "POST /invocations" in err["message"]
+
+
+async def test_chat_completions_batch(harness: HarnessFactory, tok: Any) -> None:
+    """vLLM 0.32's ``/v1/chat/completions/batch``: one choice per conversation (index = the
+    conversation's), usage summed; streaming, tools and n > 1 are 400s naming the field."""
+    convs = [
+        [{"role": "user", "content": "first"}],
+        [{"role": "user", "content": "second one"}],
+    ]
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "ok")) as h:
+            res = await h.post(
+                "/v1/chat/completions/batch", {"model": "M", "messages": convs, "max_tokens": 3}
+            )
+            assert res.status_code == 200, res.text
+            body = res.json()
+            assert body["object"] == "chat.completion"
+            assert [c["index"] for c in body["choices"]] == [0, 1]
+            assert [c["message"]["content"] for c in body["choices"]] == ["ok", "ok"]
+            prompts = [r.prompt_token_ids for r in h.engine.requests]
+            assert len(prompts) == 2
+            assert len(set(map(tuple, prompts))) == 2
+            assert body["usage"]["prompt_tokens"] == sum(len(p) for p in prompts)
+            assert body["usage"]["completion_tokens"] == 2 * len(tok.encode("ok"))
+            for extra, param in (
+                ({"stream": True}, "stream"),
+                ({"n": 2}, "n"),
+                ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                ({"messages": [convs[0], [{"role": "", "content": "x"}]]}, "messages[1][0].role"),
+            ):
+                bad = await h.post(
+                    "/v1/chat/completions/batch",
+                    {"model": "M", "messages": convs, "max_tokens": 3, **extra},
+                )
+                assert bad.status_code == 400, (extra, bad.text)
+                assert bad.json()["error"]["param"] == param
+            assert len(h.engine.requests) == 2

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import attrs
 import msgspec
 
+from smg_trio.gateway.openai.chat_batch import BatchChatCompletionRequest
 from smg_trio.gateway.openai.errors import ErrorBody
 from smg_trio.gateway.openai.invocations import InvocationRequest
 from smg_trio.gateway.openai.messages_schemas import (
@@ -130,6 +131,18 @@ OPERATIONS: tuple[Operation, ...] = (
         "openai",
         CompletionRequest,
         Completion,
+    ),
+    Operation(
+        "post",
+        "/v1/chat/completions/batch",
+        "createChatCompletionBatch",
+        "vLLM's batch chat completion: messages is a list of conversations, one choice each "
+        "(no streaming, no tools, n = 1)",
+        "api",
+        "vllm",
+        request=BatchChatCompletionRequest,
+        response=ChatCompletion,
+        errors=_INFERENCE_ERRORS,
     ),
     _inference(
         "/invocations",

@@ -13,6 +13,7 @@ from smg_trio.gateway.http.handler import handle
 from smg_trio.gateway.http.utility import utility_route
 from smg_trio.gateway.openai.api import InferenceApi
 from smg_trio.gateway.openai.chat import CHAT
+from smg_trio.gateway.openai.chat_batch import CHAT_BATCH
 from smg_trio.gateway.openai.completions import COMPLETIONS
 from smg_trio.gateway.openai.errors import anthropic_envelope
 from smg_trio.gateway.openai.invocations import INVOCATIONS
@@ -91,6 +92,7 @@ def inference_routes(gw: Gateway) -> dict[str, Route]:
     # The Responses API is made per gateway: it reads and fills the gateway's store.
     routes["/v1/responses"] = _route(gw, ResponsesApi(gw.responses))
     routes["/invocations"] = _route(gw, INVOCATIONS)  # vLLM's SageMaker route
+    routes["/v1/chat/completions/batch"] = _route(gw, CHAT_BATCH)  # vLLM 0.32's
     tok = utility_route(gw, "tokenize", TokenizeRequest, tokenize)
     detok = utility_route(gw, "detokenize", DetokenizeRequest, detokenize)
     routes.update({"/tokenize": tok, "/v1/tokenize": tok})

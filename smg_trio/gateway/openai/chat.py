@@ -234,9 +234,12 @@ class ChatDraft:
             return prompt, tok.encode(prompt)
         return prompt, truncate_ids(tok.encode(prompt), limit, body.truncation_side)
 
-    def build(self, tokens: tuple[str, list[int]], ids: ResponseIds) -> ChatJob:
+    def build(
+        self, tokens: tuple[str, list[int]], ids: ResponseIds, first_index: int = 0
+    ) -> ChatJob:
         """The ``n`` sub-requests (seed ``+i``; the context left as ``max_tokens`` when
-        unset), within the request's token budget."""
+        unset), within the request's token budget; choice indices from ``first_index`` (a
+        batch's conversation)."""
         prompt, prompt_ids = tokens
         body, served, config, plan = self.body, self.served, self.config, self.plan
         if not prompt_ids:
@@ -257,8 +260,8 @@ class ChatDraft:
             served,
             prompt_ids,
             base_id=ids.engine_id,
-            first_index=0,
-            total=plan.n,
+            first_index=first_index,
+            total=plan.n if not first_index else first_index + plan.n,
             max_tokens=engine_max,
         )
         params = choice_params(plan, limit, reasoning, self.tools)
@@ -267,7 +270,7 @@ class ChatDraft:
         return ChatJob(
             subs=[
                 SubRequest(r, ChoicePipeline(i, tok, params, prompt_ids, whole=not body.stream))
-                for i, r in enumerate(requests)
+                for i, r in enumerate(requests, start=first_index)
             ],
             prompt_tokens=len(prompt_ids),
             stream=bool(body.stream),
