@@ -682,6 +682,16 @@ def _check_mock_script(path: str, tok: Any) -> None:
         _usage_error(str(exc))
 
 
+def _so_backend(engine_args: list[str]) -> str:
+    """The launched engines' structured-output backend, read from their own flag."""
+    from smg_trio.serve.so_backend import engine_structured_backend
+
+    try:
+        return engine_structured_backend(engine_args) or "auto"
+    except ValueError as exc:
+        _usage_error(str(exc))
+
+
 def _cors_item(text: str) -> list[str]:
     """One CORS flag value: a name, or a JSON list of names (older vLLM's spelling)."""
     if text.startswith("["):
@@ -736,6 +746,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "allowed_methods": tuple(_flatten(args.allowed_methods)),
         "allowed_headers": tuple(_flatten(args.allowed_headers)),
         "allow_credentials": args.allow_credentials,
+        "structured_outputs_backend": _so_backend(engine_args),
         "max_log_len": args.max_log_len,
         "max_n": args.max_n,
         "responses_store_size": args.responses_store_size,

@@ -136,6 +136,10 @@ class GatewayHttpConfig:
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
+    #: The structured-output backend the engines are configured with (vLLM's
+    #: ``--structured-outputs-config.backend``); ``auto`` asks for ``guidance`` (one of the
+    #: backends vLLM's ``auto`` picks; ``xgrammar`` for ``structural_tag``).
+    structured_outputs_backend: str = "auto"
     body_timeout_s: float = 60.0
     max_sequences_per_request: int = attrs.field(
         default=DEFAULT_MAX_SEQUENCES_PER_REQUEST, validator=_positive

@@ -115,6 +115,9 @@ class StructuredOutputs(msgspec.Struct, omit_defaults=True, kw_only=True):
     grammar: str | None = None
     json_object: bool | None = None
     structural_tag: str | None = None
+    #: The engine's structured-output backend to ask for (vLLM's ``_backend``); ``None``:
+    #: the protocol's default.
+    backend: str | None = None
 
     def kinds(self) -> list[str]:
         """The names of the constraints that are set."""

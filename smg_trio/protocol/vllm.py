@@ -286,7 +286,7 @@ def _structured(so: StructuredOutputs) -> dict[str, Any]:
     if kind == "json_object" and not so.json_object:
         raise ValidationError("json_object must be true", param="response_format")
     value = getattr(so, kind)
-    backend = "xgrammar" if kind == "structural_tag" else "guidance"
+    backend = so.backend or ("xgrammar" if kind == "structural_tag" else "guidance")
     return {kind: value, "_backend": backend}
 
 

@@ -120,6 +120,7 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         allowed_methods=tuple(config.allowed_methods),
         allowed_headers=tuple(config.allowed_headers),
         allow_credentials=config.allow_credentials,
+        structured_outputs_backend=config.structured_outputs_backend,
     )
 
 

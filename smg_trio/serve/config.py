@@ -114,6 +114,9 @@ class GatewayConfig:
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
+    #: The engines' structured-output backend (``--structured-outputs-config.backend`` among
+    #: the launched engines' arguments, else ``auto``).
+    structured_outputs_backend: str = "auto"
     max_n: int = DEFAULT_MAX_N
     responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE
     max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST

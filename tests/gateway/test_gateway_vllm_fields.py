@@ -251,3 +251,25 @@ async def test_chat_echo_continues_the_final_message(harness: HarnessFactory, to
                          "add_generation_prompt": True}  # fmt: skip
             plain = (await h.post("/v1/chat/completions", user_last)).json()
             assert plain["choices"][0]["message"]["content"] == "lo"
+
+
+async def test_the_engines_structured_backend_is_asked_for(
+    harness: HarnessFactory, tok: Any
+) -> None:
+    """The engine's configured backend (vLLM's ``--structured-outputs-config.backend``) goes
+    in ``_backend``; ``auto`` asks for guidance (xgrammar for structural tags), as before."""
+    so = {"structured_outputs": {"regex": "a+"}}
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "a")) as h:
+            assert (await h.chat(max_tokens=2, **so)).status_code == 200
+            assert (
+                h.engine.requests[-1].raw.sampling_params["structured_outputs"]["_backend"]
+                == "guidance"
+            )
+        config = GatewayHttpConfig(structured_outputs_backend="xgrammar")
+        async with harness(plan=lambda r: steps_of(tok, "a"), config=config) as h:
+            assert (await h.chat(max_tokens=2, **so)).status_code == 200
+            sent = h.engine.requests[-1].raw.sampling_params["structured_outputs"]
+            assert sent == {"regex": "a+", "_backend": "xgrammar"}
+            bad = await h.chat(max_tokens=2, structured_outputs={"regex": "a(b"})
+            assert bad.status_code == 400  # still checked before the engine

@@ -324,6 +324,9 @@ def build_plan(
         logit_bias = _logit_bias(body.logit_bias, vocab)
     _check_logprobs(logprobs, caps, config)
     structured_param, structured = _structured(body, caps, tool_constraint)
+    backend = config.structured_outputs_backend
+    if structured is not None and backend != "auto":  # the engine's configured backend
+        structured = msgspec.structs.replace(structured, backend=backend)
 
     stops = _stops(body.stop)
     user_ids = _token_ids(body.stop_token_ids or [], vocab, "stop_token_ids")
