@@ -27,6 +27,7 @@ from smg_trio.gateway.http.routes import UNSERVED_PREFIXES, Route, inference_rou
 from smg_trio.gateway.http.sse import StreamBody
 from smg_trio.gateway.openai.errors import ApiError, anthropic_envelope, to_api_error
 from smg_trio.gateway.openai.models import model_detail, model_list
+from smg_trio.gateway.openai.responses_background import BackgroundResponses
 from smg_trio.gateway.openai.responses_schemas import ResponseDeleted
 from smg_trio.gateway.openai.tokens import VersionResponse
 from smg_trio.gateway.server.asgi_guard import RequestGuard
@@ -130,7 +131,12 @@ def create_app(
     )
     app.extensions[GATEWAY_KEY] = gw
 
-    routes = inference_routes(gw)
+    # background: true responses run in the app's nursery, at most as many as are stored
+    size = config.responses_store_size
+    background = (
+        BackgroundResponses(lambda: getattr(app, "nursery", None), size) if size > 0 else None
+    )
+    routes = inference_routes(gw, background)
 
     async def send_response(scope: Any, send: Any, response: Response) -> None:
         await _Connection(app, scope)._send_response(send, response)
@@ -176,6 +182,35 @@ def create_app(
             return msgspec.json.encode(entry.response)
 
         return authed_json(stored)
+
+    @app.post("/v1/responses/<response_id>/cancel")
+    async def cancel_response(response_id: str) -> Response:
+        req = _current()
+        rid = gw.request_id(req)
+        try:
+            gw.check_auth(req)
+            entry = gw.responses.get(response_id)
+            if entry is None:
+                raise _response_not_found(response_id)
+            if entry.response.get("status") not in ("queued", "in_progress"):
+                raise ApiError(  # vLLM 0.32's words
+                    400, "Cannot cancel a synchronous response.", param="response_id"
+                )
+            ended = background.cancel(response_id) if background is not None else None
+            if ended is None:
+                raise ApiError(
+                    409,
+                    "the response runs in another frontend process (or is ending); poll it",
+                    param="response_id",
+                    code="not_running_here",
+                )
+            await ended.wait()  # the engine was told ABORT and the state is stored
+            entry = gw.responses.get(response_id)
+            if entry is None:
+                raise _response_not_found(response_id)
+            return json_response(200, msgspec.json.encode(entry.response), rid)
+        except ApiError as exc:
+            return json_response(exc.status, exc.body(), rid)
 
     @app.delete("/v1/responses/<response_id>")
     async def delete_response(response_id: str) -> Response:

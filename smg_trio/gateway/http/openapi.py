@@ -162,6 +162,16 @@ OPERATIONS: tuple[Operation, ...] = (
         ResponseObject,
     ),
     Operation(
+        "post",
+        "/v1/responses/{response_id}/cancel",
+        "cancelResponse",
+        "Cancel a background response that runs in this process (vLLM's route)",
+        "api",
+        "openai",
+        response=ResponseObject,
+        errors=("400", "401", "404", "409"),
+    ),
+    Operation(
         "get",
         "/v1/responses/{response_id}",
         "getResponse",

@@ -20,6 +20,7 @@ from smg_trio.gateway.openai.invocations import INVOCATIONS
 from smg_trio.gateway.openai.messages import MESSAGES, count_tokens
 from smg_trio.gateway.openai.messages_schemas import CountTokensRequest
 from smg_trio.gateway.openai.responses import ResponsesApi
+from smg_trio.gateway.openai.responses_background import BackgroundResponses
 from smg_trio.gateway.openai.tokens import (
     DetokenizeRequest,
     TokenizeRequest,
@@ -84,13 +85,15 @@ UNSERVED_PREFIXES: tuple[str, ...] = (
 )
 
 
-def inference_routes(gw: Gateway) -> dict[str, Route]:
+def inference_routes(
+    gw: Gateway, background: BackgroundResponses | None = None
+) -> dict[str, Route]:
     """Each ``POST`` path's route on ``gw``: the inference APIs (and SageMaker's
     ``/invocations``, chat or completions by the body), then the engine-free ones
     (``/tokenize`` and ``/detokenize``, also under ``/v1``, as vLLM and smg spell them)."""
     routes: dict[str, Route] = {path: _route(gw, api) for path, api in INFERENCE_APIS}
     # The Responses API is made per gateway: it reads and fills the gateway's store.
-    routes["/v1/responses"] = _route(gw, ResponsesApi(gw.responses))
+    routes["/v1/responses"] = _route(gw, ResponsesApi(gw.responses, background))
     routes["/invocations"] = _route(gw, INVOCATIONS)  # vLLM's SageMaker route
     routes["/v1/chat/completions/batch"] = _route(gw, CHAT_BATCH)  # vLLM 0.32's
     tok = utility_route(gw, "tokenize", TokenizeRequest, tokenize)

@@ -21,6 +21,7 @@ from smg_trio.gateway.openai.chat import CHAT, ChatDraft, ChatJob, ChatJobView
 from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.gateway.openai.fanout import SubRequest
 from smg_trio.gateway.openai.logprobs import chat_logprobs, merge_runs
+from smg_trio.gateway.openai.responses_background import BackgroundResponses
 from smg_trio.gateway.openai.responses_schemas import ResponseObject, ResponsesRequest
 from smg_trio.gateway.openai.responses_store import ResponseStoreLike, StoredResponse
 from smg_trio.gateway.openai.schemas import ChatCompletionRequest
@@ -205,6 +206,8 @@ class ResponsesApi:
     """``POST /v1/responses`` over ``store`` (``None``: nothing is stored or found)."""
 
     store: ResponseStoreLike | None = None
+    #: Where ``background: true`` responses run (``None``: refused with a 400).
+    background: BackgroundResponses | None = None
     name = "responses"
     id_prefix = "resp_"
     body_type = ResponsesRequest
@@ -214,7 +217,20 @@ class ResponsesApi:
     ) -> ResponsesDraft:
         """The chat request this is (with the stored conversation before it)."""
         if body.background:
-            raise _bad("background responses are not supported", "background", "unsupported_field")
+            if self.background is None or self.store is None:
+                raise _bad(
+                    "background responses are not available here (no responses store)",
+                    "background",
+                    "unsupported_field",
+                )
+            if body.store is False:  # vLLM 0.32's rule and words
+                raise _bad("background can only be used when `store` is true", "background")
+            if body.stream:
+                raise _bad(
+                    "background responses are not streamed here: poll GET /v1/responses/{id}",
+                    "stream",
+                    "unsupported_field",
+                )
         if body.n not in (None, 1):
             raise _bad(
                 "n is not supported: a response has one output (send one request per output)",
@@ -258,7 +274,8 @@ class ResponsesApi:
         except ValidationError as exc:
             raise needs_flags(exc, 'tool_choice "required", a named function and "none"') from None
         store = self.store if body.store is not False else None
-        return ResponsesDraft(draft, body, [*history, *turn], store)
+        background = self.background if body.background else None
+        return ResponsesDraft(draft, body, [*history, *turn], store, background)
 
 
 @attrs.frozen
@@ -269,12 +286,14 @@ class ResponsesDraft:
     body: ResponsesRequest
     history: list[dict[str, Any]]
     store: ResponseStoreLike | None
+    background: BackgroundResponses | None = None
 
     def tokenize(self) -> tuple[str, list[int]]:
         return self.chat.tokenize()
 
     def build(self, tokens: tuple[str, list[int]], ids: ResponseIds) -> ResponsesJob:
-        return ResponsesJob(self.chat.build(tokens, ids), self.body, self.history, self.store)
+        job = self.chat.build(tokens, ids)
+        return ResponsesJob(job, self.body, self.history, self.store, self.background)
 
 
 def _item_id(prefix: str) -> str:
@@ -289,6 +308,8 @@ class ResponsesJob(ChatJobView):
     body: ResponsesRequest
     history: list[dict[str, Any]]
     store: ResponseStoreLike | None
+    #: Set for ``background: true``: the handler hands the job to :meth:`run_background`.
+    background: BackgroundResponses | None = None
     answered: bool = False
 
     def renderer(self) -> ResponsesStreamRenderer:
@@ -337,7 +358,22 @@ class ResponsesJob(ChatJobView):
             reasoning=body.reasoning,
             store=self.store is not None,
             metadata=body.metadata or {},
+            background=self.background is not None,
         )
+
+    def put(self, status: str, error: dict[str, Any] | None = None) -> ResponseObject:
+        """Store the response as ``status`` with no output yet (``queued``) or none at all
+        (``cancelled``, ``failed``), keeping its conversation for ``previous_response_id``."""
+        response = self.response(status, [])
+        response.error = error
+        if status == "queued":
+            response.usage = None
+        if self.store is not None:
+            encoded = _encode(response)
+            nbytes = len(encoded) + len(_encode(self.history))
+            value = msgspec.json.decode(encoded)
+            self.store.put(response.id, StoredResponse(value, list(self.history), nbytes))
+        return response
 
     def status(self) -> str:
         """``incomplete`` when the output hit ``max_output_tokens`` (or the context)."""

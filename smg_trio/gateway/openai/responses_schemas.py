@@ -25,7 +25,8 @@ Includable = Literal[
 
 class ResponsesRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/responses``. ``input`` is a string or a list of items; ``store`` defaults
-    to true, as OpenAI's. Unknown fields are ignored; ``background`` and ``n`` other than 1 are refused."""
+    to true, as OpenAI's. Unknown fields are ignored; ``n`` other than 1 is refused;
+    ``background`` needs the store and no ``stream``."""
 
     model: str | None = None
     input: str | list[dict[str, Any]]
