@@ -335,7 +335,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--reasoning-parser",
         choices=reasoning_parser_names(),
         metavar="NAME",
-        help="split the model's reasoning into reasoning_content: "
+        help="split the model's reasoning out into the message's reasoning field: "
         f"{', '.join(reasoning_parser_names())} (docs/reasoning.md; default: no split)",
     )
     g.add_argument(
@@ -358,6 +358,25 @@ def _common(p: argparse.ArgumentParser) -> None:
         "usage.prompt_tokens_details.cached_tokens (chat, completions) and "
         "cache_read_input_tokens (Messages), as vLLM's flag of that name does; the Responses "
         "API always reports input_tokens_details.cached_tokens",
+    )
+    g.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_TEMPLATE",
+        help="the chat template the gateway renders (it tokenizes; the engine never sees "
+        "one): a Jinja file, or the template inline, as vLLM reads it; replaces the model's",
+    )
+    g.add_argument(
+        "--chat-template-content-format",
+        choices=("auto", "string", "openai"),
+        default="auto",
+        help="message content as the template sees it: a string, or OpenAI's list of parts; "
+        "auto detects it from the template (vLLM's flag; default %(default)s)",
+    )
+    g.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="render a request's own chat_template (sandboxed like the model's); without it "
+        "such a request is a 400, as in vLLM",
     )
     g.add_argument(
         "--max-n",
@@ -461,6 +480,38 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_SHUTDOWN_GRACE_PERIOD_S,
         help="on SIGINT/SIGTERM, how long in-flight requests may finish (default %(default)s)",
     )
+    g.add_argument(
+        "--enable-log-requests",
+        action="store_true",
+        help="log each inference request (id, endpoint, model, prompt tokens, body) at INFO, "
+        "as vLLM's flag does",
+    )
+    g.add_argument(
+        "--max-log-len",
+        type=_int_at_least(0),
+        default=None,
+        help="with --enable-log-requests: the most body characters logged (default: all)",
+    )
+    g.add_argument(
+        "--disable-access-log",
+        "--disable-uvicorn-access-log",
+        dest="disable_access_log",
+        action="store_true",
+        help="accepted for vLLM's command lines: smg_trio writes no per-request access log "
+        "(its metrics count requests; --enable-log-requests logs them)",
+    )
+    for flag, default, what in (
+        ("--allowed-origins", [], "origins a browser may call from ('*': any; default none)"),
+        ("--allowed-methods", ["*"], "methods allowed cross-origin (default '*')"),
+        ("--allowed-headers", ["*"], "request headers allowed cross-origin (default '*')"),
+    ):
+        g.add_argument(flag, nargs="+", type=_cors_item, default=default, metavar="ITEM",
+                       help=f"CORS, as vLLM's flag: {what}")  # fmt: skip
+    g.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="CORS: allow credentials (cookies, auth) cross-origin, as vLLM's flag",
+    )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument("--log-format", default="text", choices=["text", "json"])
     g.add_argument("--config", help="a TOML or JSON file of flag values (flag names with _)")
@@ -492,6 +543,12 @@ def _parser() -> argparse.ArgumentParser:
         choices=["vllm", "tokenspeed", "mock"],
         default=None,
         help="engine to launch (default: vllm or tokenspeed if installed, else the built-in mock)",
+    )
+    s.add_argument(
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        help="the model, as vLLM's positional `vllm serve MODEL` (the same as --model)",
     )
     s.add_argument(
         "--model",
@@ -753,6 +810,48 @@ def _scheduling_policy_args(policy: str | None, backend: str, engine_args: list[
     return ["--scheduling-policy", policy]
 
 
+def _so_backend(engine_args: list[str]) -> str:
+    """The launched engines' structured-output backend, read from their own flag."""
+    from smg_trio.serve.so_backend import engine_structured_backend
+
+    try:
+        return engine_structured_backend(engine_args) or "auto"
+    except ValueError as exc:
+        _usage_error(str(exc))
+
+
+def _cors_item(text: str) -> list[str]:
+    """One CORS flag value: a name, or a JSON list of names (older vLLM's spelling)."""
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a JSON list: {text!r}") from None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise argparse.ArgumentTypeError(f"not a JSON list of strings: {text!r}")
+        return items
+    return [text]
+
+
+def _flatten(values: list[Any]) -> list[str]:
+    out: list[str] = []
+    for v in values:
+        out.extend(v if isinstance(v, list) else [v])
+    return out
+
+
+def _chat_template(args: argparse.Namespace) -> str | None:
+    """``--chat-template``'s Jinja source (read and compiled once, here); a usage error."""
+    if args.chat_template is None:
+        return None
+    from smg_trio.tokenizer.template_arg import load_chat_template_arg
+
+    try:
+        return load_chat_template_arg(args.chat_template, args.chat_template_content_format)
+    except ValueError as exc:
+        _usage_error(str(exc))
+
+
 def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 
@@ -777,6 +876,16 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "tool_call_parser": args.tool_call_parser,
         "enable_auto_tool_choice": args.enable_auto_tool_choice,
         "enable_prompt_tokens_details": args.enable_prompt_tokens_details,
+        "chat_template": _chat_template(args),
+        "chat_template_content_format": args.chat_template_content_format,
+        "trust_request_chat_template": args.trust_request_chat_template,
+        "enable_log_requests": args.enable_log_requests,
+        "allowed_origins": tuple(_flatten(args.allowed_origins)),
+        "allowed_methods": tuple(_flatten(args.allowed_methods)),
+        "allowed_headers": tuple(_flatten(args.allowed_headers)),
+        "allow_credentials": args.allow_credentials,
+        "structured_outputs_backend": _so_backend(engine_args),
+        "max_log_len": args.max_log_len,
         "max_n": args.max_n,
         "responses_store_size": args.responses_store_size,
         "max_sequences_per_request": args.max_sequences_per_request,
@@ -842,6 +951,11 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     if args.discovery_provider == "file" and not args.discovery_file:
         _usage_error("--discovery-provider file needs --discovery-file FILE")
     if args.command == "serve":
+        tag = getattr(args, "model_tag", None)
+        if tag is not None:  # vLLM's positional `serve MODEL`
+            if args.model is not None and args.model != tag:
+                _usage_error(f"the model is given twice: {tag!r} and --model {args.model!r}")
+            args.model = tag
         if args.worker_base_port + args.dp_size - 1 > 65535:
             raise SystemExit(
                 f"smg_trio: error: --worker-base-port {args.worker_base_port} with --dp-size "

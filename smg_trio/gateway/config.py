@@ -95,6 +95,9 @@ class GatewayHttpConfig:
       - ``tool_call_parser``: the tool-call format (``--tool-call-parser``) for models whose
         ``ServedModel`` names none; ``enable_auto_tool_choice``: parse tool calls for
         ``tool_choice: auto`` (without it, ``auto`` with tools is a 400, as in vLLM).
+      - ``trust_request_chat_template``: a request's own ``chat_template`` (or
+        ``chat_template_kwargs.chat_template``) is rendered, sandboxed like the model's;
+        without it such a request is a 400, as in vLLM.
       - ``body_timeout_s``: seconds to receive a request body (408 past it).
       - ``max_sequences_per_request``: most sequences (prompts x ``n``) in one request (400
         naming ``n``).
@@ -136,6 +139,21 @@ class GatewayHttpConfig:
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     enable_prompt_tokens_details: bool = False
+    trust_request_chat_template: bool = False
+    #: vLLM's ``--enable-log-requests`` (one INFO line per inference request) and
+    #: ``--max-log-len`` (the most body characters in it; ``None``: all).
+    enable_log_requests: bool = False
+    max_log_len: int | None = None
+    #: CORS with vLLM 0.32's defaults: no allowed origin (no CORS headers at all), every
+    #: method and header once an origin is allowed, no credentials.
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    #: The structured-output backend the engines are configured with (vLLM's
+    #: ``--structured-outputs-config.backend``); ``auto`` asks for ``guidance`` (one of the
+    #: backends vLLM's ``auto`` picks; ``xgrammar`` for ``structural_tag``).
+    structured_outputs_backend: str = "auto"
     body_timeout_s: float = 60.0
     max_sequences_per_request: int = attrs.field(
         default=DEFAULT_MAX_SEQUENCES_PER_REQUEST, validator=_positive

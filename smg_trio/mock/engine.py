@@ -89,6 +89,18 @@ class MockRequest:
     cached_tokens: int | None = None
 
 
+def _kv_echo(req: MockRequest) -> Any:
+    """The mock's KV connector: a request's ``extra_args.kv_transfer_params`` come back on its
+    final output, as a real connector's answer would (prefill/decode clients read it)."""
+    sp = (
+        req.raw.sampling_params
+        if isinstance(getattr(req.raw, "sampling_params", None), dict)
+        else {}
+    )
+    extra = sp.get("extra_args")
+    return extra.get("kv_transfer_params") if isinstance(extra, dict) else None
+
+
 #: A scripted plan: the token ids to emit per step for a request (each inner list is one step).
 Plan = Callable[[MockRequest], Sequence[Sequence[int]]]
 
@@ -663,6 +675,7 @@ class MockEngine:
                     error=req.error if reason == "error" else None,
                     # vLLM's scheduler echoes the request's trace context on its outputs
                     trace_headers=getattr(req.raw, "trace_headers", None),
+                    kv_transfer_params=_kv_echo(req) if reason is not None else None,
                 )
             )
         env = vllm.EngineCoreOutputs(

@@ -87,6 +87,8 @@ class EngineOutput(msgspec.Struct, gc=False):
     cached_tokens: int | None = None
     completion_tokens: int | None = None
     error: EngineError | None = None
+    #: vLLM's KV connector parameters for the client (prefill/decode disaggregation).
+    kv_transfer_params: Any = None
 
 
 class UtilityReply(msgspec.Struct, frozen=True, gc=False):
@@ -129,6 +131,9 @@ class StructuredOutputs(msgspec.Struct, omit_defaults=True, kw_only=True):
     grammar: str | None = None
     json_object: bool | None = None
     structural_tag: str | None = None
+    #: The engine's structured-output backend to ask for (vLLM's ``_backend``); ``None``:
+    #: the protocol's default.
+    backend: str | None = None
 
     def kinds(self) -> list[str]:
         """The names of the constraints that are set."""
@@ -165,6 +170,8 @@ class SamplingOptions(msgspec.Struct, kw_only=True):
     structured_outputs: StructuredOutputs | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    #: vLLM's ``kv_transfer_params`` (to its KV connector, in ``extra_args``).
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True):

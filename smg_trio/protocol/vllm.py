@@ -244,6 +244,8 @@ def _output(o: EngineCoreOutput, frames: Frames) -> EngineOutput:
     out = EngineOutput(o.request_id, o.new_token_ids, reason, o.stop_reason)
     if o.error is not None:
         out.error = _request_error(o.error)
+    if o.kv_transfer_params is not None:
+        out.kv_transfer_params = o.kv_transfer_params
     if o.new_logprobs is not None:
         out.logprobs = resolve_logprobs(o.new_logprobs, frames)
     if o.new_prompt_logprobs_tensors is not None:
@@ -320,7 +322,7 @@ def _structured(so: StructuredOutputs) -> dict[str, Any]:
     if kind == "json_object" and not so.json_object:
         raise ValidationError("json_object must be true", param="response_format")
     value = getattr(so, kind)
-    backend = "xgrammar" if kind == "structural_tag" else "guidance"
+    backend = so.backend or ("xgrammar" if kind == "structural_tag" else "guidance")
     return {kind: value, "_backend": backend}
 
 
@@ -365,6 +367,8 @@ def build_sampling_params(req: GenerateRequest) -> dict[str, Any]:
         p["logit_bias"] = {int(k): float(v) for k, v in s.logit_bias.items()}
     if s.structured_outputs is not None:
         p["structured_outputs"] = _structured(s.structured_outputs)
+    if s.kv_transfer_params is not None:  # vLLM's request model puts it in extra_args
+        p["extra_args"] = {"kv_transfer_params": s.kv_transfer_params}
     return p
 
 
@@ -383,7 +387,7 @@ class VllmProtocol:
         data_parallel_rank=True,
         min_p=True,
         default_max_tokens_is_remaining_context=True,
-        seed_min=0,
+        seed_min=-(2**63),  # vLLM 0.32 takes any int64 seed
         seed_max=2**63 - 1,
     )
 

@@ -27,7 +27,7 @@ from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig, cache_aware
 from smg_trio.serve.control import CONTROL_SOCKET, control_app
 from smg_trio.serve.discovery import DiscoveryWatcher
 from smg_trio.serve.engine_control import add_engine_control_routes
-from smg_trio.serve.launcher import EngineExited, run_engine_process
+from smg_trio.serve.launcher import EngineExited, exit_cause, run_engine_process
 from smg_trio.serve.progress import StartupProgress
 from smg_trio.serve.supervisor import FrontendGroup, _Slots, listening_socket, run_directory
 from smg_trio.tokenizer.hub import is_hub_id
@@ -117,6 +117,14 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         tool_call_parser=config.tool_call_parser,
         enable_auto_tool_choice=config.enable_auto_tool_choice,
         enable_prompt_tokens_details=config.enable_prompt_tokens_details,
+        trust_request_chat_template=config.trust_request_chat_template,
+        enable_log_requests=config.enable_log_requests,
+        max_log_len=config.max_log_len,
+        allowed_origins=tuple(config.allowed_origins),
+        allowed_methods=tuple(config.allowed_methods),
+        allowed_headers=tuple(config.allowed_headers),
+        allow_credentials=config.allow_credentials,
+        structured_outputs_backend=config.structured_outputs_backend,
     )
 
 
@@ -294,9 +302,9 @@ async def _supervise_engine(
             delay = min(2.0 ** len(restarts), ENGINE_RESTART_MAX_DELAY_S)
             restarts.append(now)
             log.error(
-                "engine for %s exited (code %d); its worker is unhealthy; restarting it in %.0f s",
+                "engine for %s %s; its worker is unhealthy; restarting it in %.0f s",
                 url,
-                exc.returncode,
+                exit_cause(exc.returncode),
                 delay,
             )
             await trio.sleep(delay)
@@ -395,6 +403,8 @@ async def _serve_in(
             job_ttl_s=config.job_ttl_s,
             worker_wait_timeout_s=config.worker_wait_timeout_s,
             client_count=config.api_server_count + 1 if config.api_server_count > 1 else 1,
+            chat_template=config.chat_template,
+            chat_template_content_format=config.chat_template_content_format,
             tcp=TcpOptions(
                 advertise_host=config.zmq_advertise_host,
                 heartbeat_ivl_s=config.zmq_heartbeat_interval_s,

@@ -118,6 +118,22 @@ class GatewayConfig:
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     enable_prompt_tokens_details: bool = False
+    #: vLLM's ``--chat-template`` (the Jinja source, read by the CLI) and
+    #: ``--chat-template-content-format``: every worker's tokenizer renders with them.
+    chat_template: str | None = None
+    chat_template_content_format: str = "auto"
+    trust_request_chat_template: bool = False
+    #: vLLM's ``--enable-log-requests`` and ``--max-log-len``.
+    enable_log_requests: bool = False
+    max_log_len: int | None = None
+    #: vLLM's CORS flags (see :class:`~smg_trio.gateway.config.GatewayHttpConfig`).
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    #: The engines' structured-output backend (``--structured-outputs-config.backend`` among
+    #: the launched engines' arguments, else ``auto``).
+    structured_outputs_backend: str = "auto"
     max_n: int = DEFAULT_MAX_N
     responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE
     max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST

@@ -203,6 +203,8 @@ async def run_frontend(
                 silence_timeout_s=config.engine_silence_timeout_s,
                 confinement=load_confinement(run_dir) or _confinement(config),
                 worker_wait_timeout_s=config.worker_wait_timeout_s,
+                chat_template=config.chat_template,
+                chat_template_content_format=config.chat_template_content_format,
             )
             # one Responses store for every frontend: a response stored here is found there
             http_config = attrs.evolve(

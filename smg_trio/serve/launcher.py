@@ -18,7 +18,7 @@ from smg_trio.serve import guard
 from smg_trio.serve.commands import EngineLaunch
 from smg_trio.serve.enginelog import EngineLogLevels
 
-__all__ = ["ENGINE_STOP_GRACE_S", "EngineExited", "run_engine_process"]
+__all__ = ["ENGINE_STOP_GRACE_S", "EngineExited", "exit_cause", "run_engine_process"]
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +32,30 @@ _TAIL_LINES = 40
 GUARD_PATH = guard.__file__
 
 
+def exit_cause(returncode: int) -> str:
+    """How a process ended, from its exit status: ``exited with code 3``, or ``exited with
+    code -9 (killed by SIGKILL)`` (with the OOM killer named as its usual sender)."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    hint = ", often the kernel's out-of-memory killer" if -returncode == signal.SIGKILL else ""
+    return f"exited with code {returncode} (killed by {name}{hint})"
+
+
 class EngineExited(SmgError):
-    """An engine process exited on its own. ``returncode`` and the ``tail`` of its log."""
+    """An engine process exited on its own. ``returncode`` and the ``tail`` of its log; the
+    message says how (code or signal) and quotes its last lines, or says it wrote none."""
 
     def __init__(self, name: str, returncode: int, tail: list[str]) -> None:
-        text = "\n".join(f"  {line}" for line in tail[-15:])
-        super().__init__(f"engine {name} exited with code {returncode}; last log lines:\n{text}")
+        if tail:
+            text = "\n".join(f"  {line}" for line in tail[-15:])
+            said = f"last log lines:\n{text}"
+        else:
+            said = "no log lines"
+        super().__init__(f"engine {name} {exit_cause(returncode)}; {said}")
         self.name = name
         self.returncode = returncode
         self.tail = tail

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import trio
 
+from smg_trio.transport.handshake_stage import handshake_stage
 from smg_trio.worker.manager import WorkerManager
 
 __all__ = ["PROGRESS_INTERVAL_S", "StartupProgress"]
@@ -23,7 +24,7 @@ _POLL_S = 0.25
 _STAGES = {
     "load_tokenizer": "loading the tokenizer",
     "bind_handshake": "binding its sockets",
-    "handshake": "handshaking (waiting for the engine to load and say HELLO)",
+    "handshake": "handshaking",
     "discover_metadata": "reading the engine's metadata",
     "check_dp_group": "checking its data-parallel group",
     "activate": "activating",
@@ -65,8 +66,15 @@ class StartupProgress:
         for job in self.manager.jobs.values():
             if job.spec.url == url and job.status in ("pending", "running"):
                 running = [name for name, status in job.steps.items() if status == "running"]
+                if running and running[-1] == "handshake":
+                    return self._handshake_stage(url)
                 return _STAGES.get(running[-1], running[-1]) if running else "starting"
         return "loading, waiting its turn" if url in self.launched else "waiting its turn"
+
+    def _handshake_stage(self, url: str) -> str:
+        """``handshaking: `` and what the handshake on ``url``'s address waits for now."""
+        address = next((w.handshake_address for w in self.manager.registry if w.url == url), None)
+        return f"handshaking: {handshake_stage(address) or 'starting'}"
 
     def mark_ready(self, url: str) -> None:
         """``url`` registered: one line, ``engine ready (k of n)``."""

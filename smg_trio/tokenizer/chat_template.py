@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -17,9 +18,11 @@ from smg_trio import jsontext
 from smg_trio.errors import ValidationError
 
 __all__ = [
+    "CONTENT_FORMATS",
     "RESERVED_TEMPLATE_VARS",
     "ChatTemplate",
     "normalize_messages",
+    "request_template",
 ]
 
 #: Template variables the renderer sets itself; ``chat_template_kwargs`` may not override them.
@@ -79,6 +82,43 @@ def _make_env() -> ImmutableSandboxedEnvironment:
 _ENV = _make_env()
 
 
+#: ``--chat-template-content-format`` values (vLLM's): how message content reaches templates.
+CONTENT_FORMATS = ("auto", "string", "openai")
+
+
+def _content_parts(content: Any, where: str) -> list[dict[str, str]] | None:
+    """vLLM's ``openai`` content format: a list of ``{"type": "text", "text": ...}`` parts (a
+    string content becomes one part); ``None`` kept."""
+    if content is None:
+        return None
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    _content_text(content, where)  # the same checks and 400s as the string format
+    return [{"type": "text", "text": part["text"]} for part in content]
+
+
+def _iterates_content(source: str) -> bool:
+    """Whether a template loops over a message's ``content`` (``{% for c in
+    message['content'] %}``): vLLM's ``auto`` detection picks the ``openai`` format then."""
+    try:
+        ast = _ENV.parse(source)
+    except jinja2.TemplateSyntaxError:
+        return False
+    for loop in ast.find_all(jinja2.nodes.For):
+        it = loop.iter
+        if isinstance(it, jinja2.nodes.Filter) and it.node is not None:
+            it = it.node
+        if isinstance(it, jinja2.nodes.Getattr) and it.attr == "content":
+            return True
+        if (
+            isinstance(it, jinja2.nodes.Getitem)
+            and isinstance(it.arg, jinja2.nodes.Const)
+            and it.arg.value == "content"
+        ):
+            return True
+    return False
+
+
 def _content_text(content: Any, where: str) -> str | None:
     """A message's content as a string: text parts joined with ``"\\n"``; ``None`` kept."""
     if content is None or isinstance(content, str):
@@ -122,8 +162,27 @@ def _parse_tool_calls(tool_calls: Any, where: str) -> Any:
     return out
 
 
+def _reasoning_both_names(msg: dict[str, Any], where: str) -> None:
+    """An assistant turn's reasoning under both names, as vLLM 0.32 hands it to templates:
+    ``reasoning`` wins, the deprecated ``reasoning_content`` fills in when it is absent."""
+    reasoning = msg.get("reasoning")
+    if reasoning is None:
+        reasoning = msg.get("reasoning_content")
+    if reasoning is None:
+        msg.pop("reasoning", None)
+        msg.pop("reasoning_content", None)
+        return
+    if not isinstance(reasoning, str):
+        name = "reasoning" if msg.get("reasoning") is not None else "reasoning_content"
+        raise ValidationError(f"{where}.{name} must be a string", param=f"{where}.{name}")
+    msg["reasoning"] = msg["reasoning_content"] = reasoning
+
+
 def normalize_messages(
-    messages: Sequence[Mapping[str, Any]], *, developer_as_system: bool = False
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    developer_as_system: bool = False,
+    content_format: str = "string",
 ) -> list[dict[str, Any]]:
     """Copy OpenAI chat messages into the shape chat templates expect.
 
@@ -131,9 +190,12 @@ def normalize_messages(
     ``{"type": "text", "text": ...}`` parts becomes one string (parts joined with ``"\\n"``);
     assistant ``tool_calls[].function.arguments`` JSON strings become parsed values, and a
     ``null`` content of an assistant turn that calls tools becomes ``""``, so templates
-    that concatenate strings render it. With ``developer_as_system`` a ``developer`` message
+    that concatenate strings render it; an assistant turn's ``reasoning`` (or the
+    deprecated ``reasoning_content``) is passed under both names, as vLLM 0.32 does. With ``developer_as_system`` a ``developer`` message
     becomes a ``system`` one (for templates that know only ``system``). The input is not
-    mutated. Raises ``ValidationError`` naming the offending field (e.g.
+    mutated. With ``content_format="openai"`` (vLLM's) every content stays a list of text
+    parts instead (a string becomes one part). Raises ``ValidationError`` naming the offending
+    field (e.g.
     ``messages[1].content[0].type``) for any other shape.
     """
     if not _is_list(messages):
@@ -149,11 +211,16 @@ def normalize_messages(
         if developer_as_system and msg["role"] == "developer":
             msg["role"] = "system"
         if "content" in msg:
-            msg["content"] = _content_text(msg["content"], where)
+            if content_format == "openai":
+                msg["content"] = _content_parts(msg["content"], where)
+            else:
+                msg["content"] = _content_text(msg["content"], where)
         if msg.get("content") is None and msg.get("tool_calls"):
             msg["content"] = ""
         if msg.get("tool_calls") is not None:
             msg["tool_calls"] = _parse_tool_calls(msg["tool_calls"], where)
+        if msg["role"] == "assistant":
+            _reasoning_both_names(msg, where)
         out.append(msg)
     return out
 
@@ -182,13 +249,24 @@ class ChatTemplate:
     ``strftime_now`` and transformers' ``tojson``). Raises ``ValueError`` on a syntax error.
     """
 
-    __slots__ = ("_template", "name", "source")
+    __slots__ = ("_template", "content_format", "name", "source")
 
-    def __init__(self, source: str, *, name: str = "default") -> None:
+    def __init__(self, source: str, *, name: str = "default", content_format: str = "auto") -> None:
         if not isinstance(source, str):
             raise ValueError(f"chat template {name!r} must be a string")
+        if content_format not in CONTENT_FORMATS:
+            raise ValueError(
+                f"chat template content format must be one of {', '.join(CONTENT_FORMATS)}, "
+                f"got {content_format!r}"
+            )
         self.name = name
         self.source = source
+        #: ``string`` or ``openai``: ``auto`` resolved as vLLM does, from the template itself.
+        self.content_format = (
+            ("openai" if _iterates_content(source) else "string")
+            if content_format == "auto"
+            else content_format
+        )
         try:
             self._template = _ENV.from_string(source)
         except jinja2.TemplateSyntaxError as exc:
@@ -222,7 +300,11 @@ class ChatTemplate:
                 "continue_final_message and add_generation_prompt are mutually exclusive",
                 param="continue_final_message",
             )
-        msgs = normalize_messages(messages, developer_as_system="developer" not in self.source)
+        msgs = normalize_messages(
+            messages,
+            developer_as_system="developer" not in self.source,
+            content_format=self.content_format,
+        )
         if tools is not None and not _is_list(tools):
             raise ValidationError("tools must be a list of tool objects", param="tools")
         context: dict[str, Any] = dict(special_tokens or {})
@@ -257,6 +339,8 @@ class ChatTemplate:
             ) from exc
         if continue_final_message:
             final = msgs[-1].get("content") if msgs else None
+            if isinstance(final, list):  # the openai format: its text parts
+                final = "\n".join(part["text"] for part in final)
             if not isinstance(final, str):
                 raise ValidationError(
                     "continue_final_message needs a final message with text content",
@@ -264,3 +348,14 @@ class ChatTemplate:
                 )
             rendered = _truncate_to_final_message(rendered, final)
         return rendered
+
+
+@functools.lru_cache(maxsize=32)
+def request_template(source: str, content_format: str = "auto") -> ChatTemplate:
+    """A request's own ``chat_template`` compiled in the same sandbox (the last 32 kept, so a
+    client that repeats one pays its compile once). Raises ``ValidationError`` (400, param
+    ``chat_template``) when it does not compile."""
+    try:
+        return ChatTemplate(source, name="request", content_format=content_format)
+    except ValueError as exc:
+        raise ValidationError(str(exc), param="chat_template") from None

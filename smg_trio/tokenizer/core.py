@@ -111,6 +111,7 @@ class Tokenizer:
         *,
         chat_templates: Mapping[str, str] | None = None,
         name_or_path: str = "",
+        content_format: str = "auto",
     ) -> None:
         config = dict(config or {})
         self.hf = hf
@@ -165,8 +166,11 @@ class Tokenizer:
             chat_templates = _parse_templates(config.get("chat_template"))
         #: Compiled chat templates by name (``"default"`` for a single string template).
         self.chat_templates: dict[str, ChatTemplate] = {
-            name: ChatTemplate(src, name=name) for name, src in chat_templates.items()
+            name: ChatTemplate(src, name=name, content_format=content_format)
+            for name, src in chat_templates.items()
         }
+        #: ``--chat-template-content-format`` (per-request templates use it too).
+        self.content_format = content_format
         self._text_cache: dict[int, str] = {}
         #: The longest token in input characters (``None``: no safe bound; see
         #: :mod:`smg_trio.tokenizer.bound`): a text of ``c`` characters has at least
@@ -179,11 +183,16 @@ class Tokenizer:
 
     @classmethod
     def from_dir(
-        cls, model_dir: str | Path | ModelDir, *, chat_template: str | None = None
+        cls,
+        model_dir: str | Path | ModelDir,
+        *,
+        chat_template: str | None = None,
+        content_format: str = "auto",
     ) -> Tokenizer:
         """Load ``tokenizer.json`` and ``tokenizer_config.json`` from a local model directory.
 
-        ``chat_template`` (Jinja source) replaces the model's own templates. A
+        ``chat_template`` (Jinja source, vLLM's ``--chat-template``) replaces the model's own
+        templates; ``content_format`` is vLLM's ``--chat-template-content-format``. A
         :class:`~smg_trio.tokenizer.modeldir.ModelDir` with roots confines every file read.
         Raises ``FileNotFoundError`` if there is no ``tokenizer.json`` (slow-only tokenizers
         are not supported), ``ValueError`` for malformed config or a template that does not
@@ -205,6 +214,7 @@ class Tokenizer:
             config,
             chat_templates=templates,
             name_or_path=str(md.path),
+            content_format=content_format,
         )
 
     # -- ids <-> text ------------------------------------------------------------------------
@@ -289,7 +299,8 @@ class Tokenizer:
         templates = self.chat_templates
         if not templates:
             raise ValidationError(
-                "this model has no chat template; use /v1/completions with a raw prompt",
+                "this model has no chat template; start the gateway with --chat-template, "
+                "or use /v1/completions with a raw prompt",
                 param="messages",
                 code="no_chat_template",
             )
@@ -315,10 +326,13 @@ class Tokenizer:
         continue_final_message: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         template_name: str | None = None,
+        template: ChatTemplate | None = None,
     ) -> str:
-        """Render a chat to its prompt string (see :meth:`ChatTemplate.render`); encode the
-        result with ``add_special_tokens=False``. Raises ``ValidationError`` (400)."""
-        template = self.get_chat_template(template_name, has_tools=bool(tools))
+        """Render a chat to its prompt string (see :meth:`ChatTemplate.render`) with
+        ``template`` (a request's own), else the model's; encode the result with
+        ``add_special_tokens=False``. Raises ``ValidationError`` (400)."""
+        if template is None:
+            template = self.get_chat_template(template_name, has_tools=bool(tools))
         special: dict[str, Any] = dict(self.special_tokens)
         special["additional_special_tokens"] = list(self.additional_special_tokens)
         return template.render(

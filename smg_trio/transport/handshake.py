@@ -23,6 +23,7 @@ from smg_trio.protocol.handshake import (
     decode_status,
     encode_init,
 )
+from smg_trio.transport.handshake_stage import clear_stage, set_stage, stage_text
 from smg_trio.transport.tcp import peer_host
 from smg_trio.transport.topology import BoundSockets, init_addresses
 from smg_trio.transport.zsocket import ZmqSocketError
@@ -136,10 +137,27 @@ class _Driver:
     wanted: Callable[[bytes], bool] | None = None
 
     def _advance(self) -> None:
+        self.show_stage()
         if self.deadline is not None:
             self.deadline.deadline = trio.current_time() + self.timeout_s
         if sum(p.done for p in self.peers.values()) >= self.engine_count:
             self.finished.set()
+
+    def show_stage(self) -> None:
+        """Publish what this handshake waits for (:mod:`handshake_stage`)."""
+        address = self.sockets.handshake_address
+        if address is None:
+            return
+        expected = [p for i, p in self.peers.items() if engine_index(i) is not None]
+        set_stage(
+            address,
+            stage_text(
+                self.engine_count,
+                min(len(expected), self.engine_count),
+                min(sum(p.ready for p in expected), self.engine_count),
+                min(sum(p.registration is not None for p in expected), self.engine_count),
+            ),
+        )
 
     # -- handshake ROUTER ----------------------------------------------------------------
 
@@ -408,13 +426,18 @@ async def run_handshake(
         [own_output, *(o for _, o in other_clients)],
     )
     driver = _Driver(sockets, engine_count, init, wanted=wanted)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(driver.handshake_loop)
-        nursery.start_soon(driver.input_loop)
-        with trio.move_on_after(ready_timeout_s) as deadline:
-            driver.deadline, driver.timeout_s = deadline, ready_timeout_s
-            await driver.finished.wait()
-        nursery.cancel_scope.cancel()
+    driver.show_stage()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.handshake_loop)
+            nursery.start_soon(driver.input_loop)
+            with trio.move_on_after(ready_timeout_s) as deadline:
+                driver.deadline, driver.timeout_s = deadline, ready_timeout_s
+                await driver.finished.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        if sockets.handshake_address is not None:
+            clear_stage(sockets.handshake_address)
     if not driver.finished.is_set():
         raise driver.timeout_error(ready_timeout_s)
     if driver.fatal is not None:

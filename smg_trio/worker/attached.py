@@ -212,7 +212,11 @@ class FrontendManager(WorkerManager):
         if worker.model_id in self.models:
             return
         tok, (eos, extra), max_len = await trio.to_thread.run_sync(
-            _load_model, worker.spec.model_path, self.confinement.model_dirs
+            _load_model,
+            worker.spec.model_path,
+            self.confinement.model_dirs,
+            self.chat_template,
+            self.chat_template_content_format,
         )
         if worker.model_id not in self.models:
             self.models[worker.model_id] = ServedModel(

@@ -339,12 +339,16 @@ def _open_model_dir(path: str | None, roots: Sequence[str]) -> ModelDir:
 
 
 def _load_model(
-    path: str | None, roots: Sequence[str]
+    path: str | None,
+    roots: Sequence[str],
+    chat_template: str | None = None,
+    content_format: str = "auto",
 ) -> tuple[Tokenizer, tuple[int | None, list[int]], int | None]:
     """Tokenizer, EOS ids and ``max_position_embeddings`` of a spec's model directory, every
-    file read confined to ``roots`` (blocking I/O: run it in a thread)."""
+    file read confined to ``roots`` (blocking I/O: run it in a thread); ``chat_template``
+    (``--chat-template``'s source) replaces the model's templates."""
     model_dir = _open_model_dir(path, roots)
-    tok = Tokenizer.from_dir(model_dir)
+    tok = Tokenizer.from_dir(model_dir, chat_template=chat_template, content_format=content_format)
     return tok, resolve_eos(model_dir, tok), _config_max_len(model_dir)
 
 
@@ -377,8 +381,14 @@ class WorkerManager:
         model_grace_s: float = MODEL_GRACE_S,
         client_count: int = 1,
         tcp: TcpOptions | None = None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
     ) -> None:
         self._nursery = nursery
+        #: ``--chat-template`` (Jinja source) and ``--chat-template-content-format``: every
+        #: model's tokenizer is loaded with them.
+        self.chat_template = chat_template
+        self.chat_template_content_format = chat_template_content_format
         #: Frontend clients per engine (``--api-server-count`` + 1 under a supervisor): this
         #: manager is client 0 and its INIT names every client's ipc pair.
         self.client_count = client_count
@@ -714,6 +724,8 @@ class WorkerManager:
                 _load_model,
                 worker.spec.model_path,
                 self.confinement.model_dirs,
+                self.chat_template,
+                self.chat_template_content_format,
                 abandon_on_cancel=True,
             )
             if worker.model_id not in self.models:

@@ -307,7 +307,7 @@ async def test_min_tokens_defers_stop_strings(harness: HarnessFactory, tok: Any)
         (None, None, ["<think>", "abc", "</think>", "Answer"], None, "<think>abc</think>Answer"),
     ],
 )
-async def test_reasoning_content(
+async def test_reasoning(
     harness: HarnessFactory,
     tok: Any,
     parser: str | None,
@@ -321,13 +321,15 @@ async def test_reasoning_content(
             full, events = await run_both(h, max_tokens=20, chat_template_kwargs=kwargs)
             msg = full["choices"][0]["message"]
             assert msg["content"] == content
-            assert msg.get("reasoning_content") == reasoning
+            assert msg.get("reasoning") == reasoning
+            assert "reasoning_content" not in msg  # vLLM 0.32 emits only ``reasoning``
             if parser is None:
-                assert "reasoning_content" not in msg
+                assert "reasoning" not in msg
             cs = by_choice(events[:-2])[0]
             assert "".join(c["delta"].get("content") or "" for c in cs) == content
-            streamed = "".join(c["delta"].get("reasoning_content") or "" for c in cs)
+            streamed = "".join(c["delta"].get("reasoning") or "" for c in cs)
             assert streamed == (reasoning or "")
+            assert all("reasoning_content" not in c["delta"] for c in cs)
 
 
 async def test_b15_chat_logprobs(harness: HarnessFactory, tok: Any) -> None:
@@ -439,7 +441,7 @@ async def test_sampling_fields_reach_the_vllm_wire(harness: HarnessFactory, tok:
                 ({"response_format": {"type": "json_object"}}, "json_object", True),
                 ({"guided_regex": "a+"}, "regex", "a+"),
                 ({"guided_choice": ["yes", "no"]}, "choice", ["yes", "no"]),
-                ({"guided_grammar": "root ::= 'a'"}, "grammar", "root ::= 'a'"),
+                ({"guided_grammar": 'root ::= "a"'}, "grammar", 'root ::= "a"'),  # GBNF quotes
                 ({"guided_json": '{"type": "string"}'}, "json", {"type": "string"}),
                 ({"structured_outputs": {"regex": "b+"}}, "regex", "b+"),
             ]:
@@ -492,6 +494,13 @@ async def test_continuous_usage_stats(harness: HarnessFactory, tok: Any) -> None
             assert counts == sorted(counts)
             assert counts[0] == 0
             assert counts[-1] == 3
+            # vLLM 0.32: continuous_usage_stats takes effect only with include_usage
+            _, alone = await h.stream(
+                "/v1/chat/completions",
+                chat_body(max_tokens=5, stream_options={"continuous_usage_stats": True}),
+            )
+            assert len(alone) > 2
+            assert all("usage" not in ev for ev in alone[:-1])
 
 
 async def test_tools_are_rendered_into_the_prompt(harness: HarnessFactory, tok: Any) -> None:

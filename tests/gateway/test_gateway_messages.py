@@ -386,3 +386,46 @@ async def test_unmatched_tool_result_and_non_object_tool_input_are_400s(
                 assert err["error"]["type"] == "invalid_request_error"
                 assert err["error"]["message"].startswith(f"{param}:"), err
             assert h.engine.requests == []
+
+
+async def test_max_tokens_above_the_context_left_is_clamped(
+    harness: HarnessFactory, tok: Tokenizer
+) -> None:
+    """vLLM 0.32 (``get_max_tokens``): the context left clamps ``max_tokens``, as Claude Code
+    asks every model for 32000; above the whole context it is a 400 in vLLM's words."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "Hi"), max_model_len=256) as h:
+            body = {"model": "M", "max_tokens": 250, "messages": HI}
+            res = await h.http.post("/v1/messages", json=body)
+            assert res.status_code == 200, res.text
+            prompt = len(h.engine.requests[-1].prompt_token_ids)
+            assert h.engine.requests[-1].max_tokens == 256 - prompt
+            over = await h.http.post("/v1/messages", json={**body, "max_tokens": 32000})
+            assert over.status_code == 400
+            err = over.json()["error"]
+            assert "cannot be greater than max_model_len=256" in err["message"]
+
+
+async def test_thinking_blocks_carry_a_signature(harness: HarnessFactory, tok: Tokenizer) -> None:
+    """vLLM 0.32: a thinking block has a ``signature`` (a uuid4 hex); streamed, a
+    ``signature_delta`` comes right before its ``content_block_stop``."""
+    plan = lambda r: steps_of(tok, "<think>", "hmm", "</think>", "Hi")  # noqa: E731
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=plan, reasoning_parser="qwen3") as h:
+            body = {"model": "M", "max_tokens": 20, "messages": HI}
+            whole = (await h.http.post("/v1/messages", json=body)).json()
+            thinking = whole["content"][0]
+            assert (thinking["type"], thinking["thinking"]) == ("thinking", "hmm")
+            assert len(thinking["signature"]) == 32
+            resp = await h.http.post("/v1/messages", json={**body, "stream": True})
+            events = [
+                json.loads(line.removeprefix("data: "))
+                for line in resp.text.splitlines()
+                if line.startswith("data: ")
+            ]
+            stop = next(i for i, e in enumerate(events) if e["type"] == "content_block_stop")
+            assert events[stop]["index"] == 0
+            signed = events[stop - 1]
+            assert signed["type"] == "content_block_delta"
+            assert signed["delta"]["type"] == "signature_delta"
+            assert len(signed["delta"]["signature"]) == 32

@@ -164,16 +164,14 @@ async def test_reasoning_split_streamed_and_whole(
                     assert full["choices"][0]["finish_reason"] == "stop", where
                     assert msg["content"] == c.content, where
                     if c.reasoning is None:
-                        assert msg.get("reasoning_content") is None, where
+                        assert msg.get("reasoning") is None, where
                     else:
-                        assert msg["reasoning_content"] == c.reasoning, where
+                        assert msg["reasoning"] == c.reasoning, where
                     streamed_c = "".join(ch["delta"].get("content") or "" for ch in chunks)
-                    streamed_r = "".join(
-                        ch["delta"].get("reasoning_content") or "" for ch in chunks
-                    )
+                    streamed_r = "".join(ch["delta"].get("reasoning") or "" for ch in chunks)
                     assert streamed_c == c.content, where
                     assert streamed_r == (c.reasoning or ""), where
                     if c.kwargs is not None and not any(c.kwargs.values()):
                         # the switch is off: no split, no reasoning_content anywhere
-                        assert "reasoning_content" not in msg, where
-                        assert all("reasoning_content" not in ch["delta"] for ch in chunks)
+                        assert "reasoning" not in msg, where
+                        assert all("reasoning" not in ch["delta"] for ch in chunks)

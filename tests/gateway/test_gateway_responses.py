@@ -1,6 +1,6 @@
 """POST /v1/responses through the official openai SDK and raw HTTP: output items, usage, the
 event stream with sequence numbers, the store (GET, DELETE, previous_response_id, LRU bound),
-and the 400s for background, built-in tools and unknown items."""
+background responses, and the 400s for built-in tools and unknown items."""
 
 from __future__ import annotations
 
@@ -158,7 +158,6 @@ async def test_max_output_tokens_is_incomplete(harness: HarnessFactory, tok: Tok
 @pytest.mark.parametrize(
     ("extra", "param", "word"),
     [
-        ({"background": True}, "background", "background"),
         ({"n": 3}, "n", "n is not supported"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]", "web_search"),
         ({"tools": [{"type": "code_interpreter"}]}, "tools[0]", "code_interpreter"),
@@ -262,3 +261,92 @@ async def test_required_and_named_constrain_the_engine_and_answer_function_calls
             assert required["type"] == "array"
             assert required["maxItems"] == 1
             assert _structured(h.engine.requests[1].raw)["json"] == TOOLS[0]["parameters"]
+
+
+async def test_include_output_text_logprobs(harness: HarnessFactory, tok: Tokenizer) -> None:
+    """vLLM 0.32: ``include: ["message.output_text.logprobs"]`` asks the engine for
+    ``top_logprobs`` candidates and answers them on the ``output_text`` part (token, logprob,
+    bytes, top_logprobs), streamed on each ``output_text.delta`` and again on ``.done``."""
+    body = {
+        "model": "M",
+        "input": "hi",
+        "include": ["message.output_text.logprobs", "reasoning.encrypted_content"],
+        "top_logprobs": 2,
+    }
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "Hello", " world")) as h:
+            whole = await h.post("/v1/responses", body)
+            assert whole.status_code == 200, whole.text
+            assert h.engine.requests[-1].logprobs == 2
+            part = whole.json()["output"][0]["content"][0]
+            n = len(tok.encode("Hello world"))
+            assert len(part["logprobs"]) == n
+            assert all(len(e["top_logprobs"]) == 2 for e in part["logprobs"])
+            assert "".join(e["token"] for e in part["logprobs"]) == "Hello world"
+            _, events = await h.stream("/v1/responses", body)
+            deltas = [e for e in events if e.get("type") == "response.output_text.delta"]
+            streamed = [x for d in deltas for x in d["logprobs"]]
+            assert [e["token"] for e in streamed] == [e["token"] for e in part["logprobs"]]
+            done = next(e for e in events if e.get("type") == "response.output_text.done")
+            assert done["logprobs"] == streamed
+            plain = (await h.post("/v1/responses", {"model": "M", "input": "hi"})).json()
+            assert plain["output"][0]["content"][0]["logprobs"] == []
+            assert h.engine.requests[-1].logprobs is None
+            bad = await h.post("/v1/responses", {**body, "include": ["everything"]})
+            assert bad.status_code == 400
+            assert bad.json()["error"]["param"] == "include[0]"
+
+
+async def _poll(h: Any, rid: str, until: set[str]) -> dict[str, Any]:
+    """GET the response until its status is one of ``until`` (as a client polls)."""
+    while True:
+        got = (await h.http.get(f"/v1/responses/{rid}")).json()
+        if got["status"] in until:
+            return got  # type: ignore[no-any-return]
+        await trio.sleep(0.01)
+
+
+async def test_background_response_is_polled_to_completion(
+    harness: HarnessFactory, tok: Tokenizer
+) -> None:
+    """vLLM 0.32: ``background: true`` answers ``queued`` at once; ``GET`` polls it to its
+    final state, stored with its output."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "Hello", " world")) as h:
+            res = await h.post("/v1/responses", {"model": "M", "input": "hi", "background": True})
+            assert res.status_code == 200, res.text
+            queued = res.json()
+            assert queued["status"] == "queued"
+            assert queued["output"] == []
+            assert queued["background"] is True
+            done = await _poll(h, queued["id"], {"completed", "failed"})
+            assert done["status"] == "completed"
+            assert done["output"][0]["content"][0]["text"] == "Hello world"
+            again = await h.post(f"/v1/responses/{queued['id']}/cancel", {})
+            assert again.status_code == 400
+            assert again.json()["error"]["message"] == "Cannot cancel a synchronous response."
+            for extra, param in (({"store": False}, "background"), ({"stream": True}, "stream")):
+                bad = await h.post(
+                    "/v1/responses", {"model": "M", "input": "hi", "background": True, **extra}
+                )
+                assert bad.status_code == 400
+                assert bad.json()["error"]["param"] == param
+            missing = await h.post("/v1/responses/resp_nope/cancel", {})
+            assert missing.status_code == 404
+
+
+async def test_background_response_is_cancelled(harness: HarnessFactory, tok: Tokenizer) -> None:
+    """``POST /v1/responses/{id}/cancel`` stops a running background response: the engine is
+    told ABORT, the stored state is ``cancelled``, nothing stays in flight."""
+    slow = [tok.encode("x")] * 1000
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: slow, step_s=0.01) as h:
+            body = {"model": "M", "input": "hi", "background": True, "max_output_tokens": 1000}
+            rid = (await h.post("/v1/responses", body)).json()["id"]
+            while not h.engine.requests:  # noqa: ASYNC110 - the engine got the ADD
+                await trio.sleep(0.01)
+            res = await h.post(f"/v1/responses/{rid}/cancel", {})
+            assert res.status_code == 200, res.text
+            assert res.json()["status"] == "cancelled"
+            await h.wait_aborted([h.engine.requests[-1].request_id])
+            assert (await h.http.get(f"/v1/responses/{rid}")).json()["status"] == "cancelled"

@@ -1,5 +1,5 @@
 """/tokenize, /detokenize and /version in vLLM's shapes; unknown paths (404 listing the served
-endpoints) and known-but-unserved ones (501)."""
+endpoints); known-but-unserved ones are in test_gateway_vllm_routes.py."""
 
 from __future__ import annotations
 
@@ -126,19 +126,6 @@ async def test_unknown_path_lists_the_served_endpoints(harness: HarnessFactory) 
             assert err["code"] == "not_found"
             assert "POST /v1/chat/completions" in err["message"]
             assert "POST /v1/tokenize" in err["message"]
-
-
-@pytest.mark.parametrize(
-    "path", ["/v1/embeddings", "/v1/audio/transcriptions", "/v1/images/generations"]
-)
-async def test_known_unserved_endpoint_is_501(harness: HarnessFactory, path: str) -> None:
-    with trio.fail_after(DEADLINE_S):
-        async with harness() as h:
-            resp = await h.post(path, {"model": "M", "input": "x"})
-            assert resp.status_code == 501
-            err = resp.json()["error"]
-            assert err["code"] == "not_implemented"
-            assert "not served" in err["message"]
 
 
 async def test_texts_and_ids_beyond_the_context_are_refused(harness: HarnessFactory) -> None:

@@ -161,13 +161,13 @@ async def test_a_stop_string_inside_the_reasoning_does_not_end_the_answer(
                     chunks = sse_chunks(resp.content)
                     deltas = [c["choices"][0] for c in chunks if c["choices"]]
                     content = "".join(d["delta"].get("content") or "" for d in deltas)
-                    reasoning = "".join(d["delta"].get("reasoning_content") or "" for d in deltas)
+                    reasoning = "".join(d["delta"].get("reasoning") or "" for d in deltas)
                     finish = [d["finish_reason"] for d in deltas if d["finish_reason"]]
                     stop_reason = deltas[-1].get("stop_reason")
                 else:
                     choice = resp.json()["choices"][0]
                     content = choice["message"]["content"]
-                    reasoning = choice["message"]["reasoning_content"]
+                    reasoning = choice["message"]["reasoning"]
                     finish = [choice["finish_reason"]]
                     stop_reason = choice["stop_reason"]
                 assert reasoning == "we could STOP here"
@@ -249,7 +249,7 @@ async def test_logprobs_stay_with_their_tokens_through_reasoning_and_tool_calls(
             body: dict[str, Any] = {"max_tokens": 60, "tools": [fn("f")], "logprobs": True}
             whole = (await h.chat(**body)).json()
             choice = whole["choices"][0]
-            assert choice["message"]["reasoning_content"] == "hmm"
+            assert choice["message"]["reasoning"] == "hmm"
             assert choice["message"]["content"] == "ok "
             assert choice["finish_reason"] == "tool_calls"
             tokens = [e["token"] for e in choice["logprobs"]["content"]]

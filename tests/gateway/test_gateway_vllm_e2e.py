@@ -99,7 +99,7 @@ async def _cases(http: httpx.AsyncClient, tok: Tokenizer, base_url: str, client:
     assert res.json()["choices"][0]["text"].startswith("The quick brown fox")
 
     # rejections never reach the engine (400s), and a disconnect frees the engine requests
-    for bad in ({"max_tokens": 0}, {"top_logprobs": 3}, {"n": DEFAULT_MAX_N + 1}, {"seed": -1}):
+    for bad in ({"max_tokens": 0}, {"top_logprobs": 3}, {"n": DEFAULT_MAX_N + 1}, {"seed": 2**63}):
         res = await http.post("/v1/chat/completions", json={"model": "M", "messages": HI, **bad})
         assert res.status_code == 400, (bad, res.text)
     assert (

@@ -28,7 +28,7 @@ DEADLINE_S = 10.0
 #: The routes documented as open even with --api-key / --admin-api-key.
 #: What serve documents: the app's own routes plus the admin API it mounts.
 ALL_OPERATIONS = (*OPERATIONS, *ADMIN_OPERATIONS)
-PUBLIC = {"/health", "/liveness", "/readiness", "/metrics", "/openapi.json", "/version"}
+PUBLIC = {"/health", "/ping", "/liveness", "/readiness", "/metrics", "/openapi.json", "/version"}
 
 
 @asynccontextmanager

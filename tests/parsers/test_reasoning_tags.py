@@ -21,6 +21,7 @@ from smg_trio.parsers.reasoning import (
 from smg_trio.tokenizer import IncrementalDetokenizer, Tokenizer
 
 NAMES = {"deepseek_r1", "deepseek_v31", "glm45", "kimi_k2", "mistral", "openai", "qwen3"}
+NAMES |= {"glm47", "openai_gptoss"}  # vLLM 0.32's names for glm45 and openai (aliases)
 
 
 def _new(name: str, prompt: str = "", kwargs: dict[str, Any] | None = None) -> ReasoningParser:

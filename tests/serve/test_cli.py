@@ -638,3 +638,60 @@ def test_missing_companion_flags_are_usage_errors(
     err = capsys.readouterr().err
     assert err.startswith("smg_trio: error: ")
     assert message in err
+
+
+def test_chat_template_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's --chat-template (a file, or the template inline), its content format and
+    --trust-request-chat-template belong to the gateway, which renders templates."""
+    model = str(default_tiny_model_dir())
+    f = tmp_path / "t.jinja"
+    f.write_text("{{ messages[0].content }}")
+    base = ["serve", "--backend", "mock", "--model", model]
+    argv = [*base, "--chat-template", str(f), "--chat-template-content-format", "string"]
+    config = cli._config_from_args(_args([*argv, "--trust-request-chat-template"]), [])  # type: ignore[arg-type]
+    assert config.chat_template == "{{ messages[0].content }}"
+    assert config.chat_template_content_format == "string"
+    assert config.trust_request_chat_template is True
+    inline = cli._config_from_args(_args([*base, "--chat-template", "{{ 1 }}"]), [])  # type: ignore[arg-type]
+    assert inline.chat_template == "{{ 1 }}"
+    assert inline.chat_template_content_format == "auto"
+    assert inline.trust_request_chat_template is False
+    with pytest.raises(SystemExit) as exit_:
+        cli._config_from_args(_args([*base, "--chat-template", str(tmp_path / "nope.jinja")]), [])  # type: ignore[arg-type]
+    assert exit_.value.code == 2
+    assert "looks like a file path" in capsys.readouterr().err
+
+
+def test_vllm_serve_command_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's `serve MODEL` (positional), its request-log flags and its access-log flags
+    (accepted: smg_trio writes no access log) parse."""
+    model = str(default_tiny_model_dir())
+    argv = ["serve", model, "--backend", "mock", "--enable-log-requests", "--max-log-len", "100"]
+    config = cli._config_from_args(_args([*argv, "--disable-uvicorn-access-log"]), [])  # type: ignore[arg-type]
+    assert config.model_path == model
+    assert config.enable_log_requests is True
+    assert config.max_log_len == 100
+    both = ["serve", model, "--model", model, "--backend", "mock", "--disable-access-log"]
+    assert cli._config_from_args(_args(both), []).model_path == model  # type: ignore[arg-type]
+    with pytest.raises(SystemExit) as exit_:
+        cli._config_from_args(_args(["serve", model, "--model", "/other", "--backend", "mock"]), [])  # type: ignore[arg-type]
+    assert exit_.value.code == 2
+    assert "given twice" in capsys.readouterr().err
+
+
+def test_cors_flags_with_vllms_defaults() -> None:
+    model = str(default_tiny_model_dir())
+    base = ["serve", model, "--backend", "mock"]
+    plain = cli._config_from_args(_args(base), [])  # type: ignore[arg-type]
+    assert (plain.allowed_origins, plain.allowed_methods, plain.allowed_headers) == (
+        (),
+        ("*",),
+        ("*",),
+    )
+    assert plain.allow_credentials is False
+    argv = [*base, "--allowed-origins", "https://a.example", "https://b.example",
+            "--allowed-methods", '["GET", "POST"]', "--allow-credentials"]  # fmt: skip
+    config = cli._config_from_args(_args(argv), [])  # type: ignore[arg-type]
+    assert config.allowed_origins == ("https://a.example", "https://b.example")
+    assert config.allowed_methods == ("GET", "POST")
+    assert config.allow_credentials is True

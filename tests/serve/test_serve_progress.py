@@ -17,7 +17,7 @@ from smg_trio import cli
 from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.serve import EngineLaunchConfig, GatewayConfig, ServeHandle, _launch_plan, serve
 from smg_trio.serve.enginelog import EngineLogLevels
-from smg_trio.serve.launcher import _forward
+from smg_trio.serve.launcher import EngineExited, _forward
 from tests.helpers.frontends import with_api_server_count
 from tests.helpers.ports import random_worker_base_port
 
@@ -100,7 +100,7 @@ async def test_progress_lines_while_a_slow_engine_loads(sock_dir: str, tmp_path:
     waiter = _Waiter(
         "launched engine-",
         "engine 1 of 1 (engine-",
-        "handshaking (waiting for the engine",
+        "handshaking: waiting for the engine process to start and say HELLO",
         "still starting",
         "loading slowly",
         "engine ready (1 of 1)",
@@ -121,7 +121,10 @@ async def test_progress_lines_while_a_slow_engine_loads(sock_dir: str, tmp_path:
                     started.set()
 
                 nursery.start_soon(run)
-                for text in ("launched engine-", "handshaking (waiting for the engine"):
+                for text in (
+                    "launched engine-",
+                    "handshaking: waiting for the engine process to start and say HELLO",
+                ):
                     await waiter.events[text].wait()
                 await waiter.events["loading slowly"].wait()
                 await waiter.events["still starting"].wait()
@@ -161,3 +164,19 @@ async def test_engine_debug_lines_show_with_the_gateway_at_info(
             "[engine-31000] (EngineCore_DP0 pid=1) DEBUG 12-01 18:00:04 [core.py:1] tick",
         )
     ]
+
+
+def test_an_engine_death_says_how() -> None:
+    """Issue 29, item 9: the signal's name (SIGKILL with its usual sender), the exit code
+    otherwise, and the engine's last log lines or that it wrote none."""
+    killed = str(EngineExited("engine-1", -9, []))
+    assert killed == (
+        "engine engine-1 exited with code -9 (killed by SIGKILL, often the kernel's "
+        "out-of-memory killer); no log lines"
+    )
+    segv = str(EngineExited("engine-1", -11, ["loading", "Fatal Python error"]))
+    assert "(killed by SIGSEGV)" in segv
+    assert segv.endswith("last log lines:\n  loading\n  Fatal Python error")
+    assert (
+        str(EngineExited("engine-2", 3, [])) == "engine engine-2 exited with code 3; no log lines"
+    )

@@ -195,3 +195,21 @@ def test_continue_final_message(tok: Tokenizer) -> None:
 def test_syntax_error_is_value_error() -> None:
     with pytest.raises(ValueError, match="does not compile"):
         ChatTemplate("{% for %}")
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_assistant_reasoning_reaches_template_under_both_names(field: str) -> None:
+    """vLLM 0.32 (renderers/chat_utils.py) hands an assistant turn's reasoning to the
+    template as both ``reasoning`` and ``reasoning_content``, whichever name the client used
+    (``reasoning`` wins when both are set)."""
+    src = "{% for m in messages %}[{{ m.reasoning }}|{{ m.reasoning_content }}]{% endfor %}"
+    msgs = [*USER, {"role": "assistant", "content": "ok", field: "thought"}]
+    assert render(src, msgs) == "[|][thought|thought]"
+    both = [
+        *USER,
+        {"role": "assistant", "content": "ok", "reasoning": "a", "reasoning_content": "b"},
+    ]
+    assert render(src, both) == "[|][a|a]"
+    with pytest.raises(ValidationError) as err:
+        render(src, [*USER, {"role": "assistant", "content": "ok", field: 3}])
+    assert err.value.param == f"messages[1].{field}"

@@ -108,12 +108,18 @@ def _streamed_blocks(events: list[dict[str, Any]]) -> tuple[Blocks, str | None]:
                 block["input"] = json.loads(partial[e["index"]])  # parses at every step
             elif d["type"] == "text_delta":
                 block["text"] += d["text"]
+            elif d["type"] == "signature_delta":  # vLLM 0.32: a thinking block's last delta
+                assert block["type"] == "thinking", block
+                block["signature"] = d["signature"]
             else:
                 assert d["type"] == "thinking_delta", d
+                assert "signature" not in block, "thinking after the signature"
                 block["thinking"] += d["thinking"]
         else:
             assert e["type"] == "content_block_stop", e
             assert e["index"] == open_index
+            if blocks[e["index"]]["type"] == "thinking":  # signed before it stops
+                assert len(blocks[e["index"]].get("signature", "")) == 32, blocks[e["index"]]
             open_index = None
     assert open_index is None
     return _message_blocks(blocks), events[-2]["delta"]["stop_reason"]

@@ -140,7 +140,7 @@ def whole(data: dict[str, Any]) -> Result:
         assert call["type"] == "function", call
     return (
         msg["content"],
-        msg.get("reasoning_content"),
+        msg.get("reasoning"),
         [(c["function"]["name"], c["function"]["arguments"]) for c in calls],
         [c["id"] for c in calls],
         choice["finish_reason"],
@@ -159,7 +159,7 @@ def streamed(chunks: list[dict[str, Any]]) -> Result:
         for choice in chunk["choices"]:
             delta = choice["delta"]
             content.append(delta.get("content") or "")
-            reasoning.append(delta.get("reasoning_content") or "")
+            reasoning.append(delta.get("reasoning") or "")
             for tc in delta.get("tool_calls") or []:
                 i = tc["index"]
                 fn = tc["function"]

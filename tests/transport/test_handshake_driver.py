@@ -33,6 +33,7 @@ from smg_trio.transport import (
     engine_index,
     run_handshake,
 )
+from smg_trio.transport.handshake_stage import handshake_stage
 from smg_trio.transport.zsocket import ZmqSocket
 from tests.helpers.deadlines import IO_DEADLINE_S
 from tests.helpers.hostile import open_raw_peer
@@ -493,3 +494,54 @@ async def test_registration_timeout(ipc: IpcNamespace, raw_socket: RawSocketFact
         error=InputRegistrationTimeout,
         match=r"registration timed out after 0.2 s \(still waiting for engine 0\)",
     )
+
+
+async def test_stage_says_what_the_handshake_waits_for(
+    ipc: IpcNamespace, raw_socket: RawSocketFactory
+) -> None:
+    """The startup progress line's text (issue 29, item 9): before HELLO it waits for HELLO;
+    after HELLO for READY (the model loading), not still for HELLO; after READY for the input
+    registration; nothing once the handshake is over."""
+    handshake_logger = logging.getLogger("smg_trio.transport.handshake")
+    old_level = handshake_logger.level
+    handshake_logger.setLevel(logging.INFO)
+    stages: list[str | None] = []
+    try:
+        with trio.fail_after(IO_DEADLINE_S):
+            async with _bound(ipc) as bound, trio.open_nursery() as nursery:
+                address = bound.handshake_address
+                assert address is not None
+                done = trio.Event()
+
+                async def drive() -> None:
+                    await run_handshake(bound, engine_count=1)
+                    done.set()
+
+                nursery.start_soon(drive)
+                await trio.testing.wait_all_tasks_blocked()
+                stages.append(handshake_stage(address))
+                hs = raw_socket(zmq.DEALER, connect=address, identity=E0)
+                for frames, logged in ((HELLO, "HELLO from"), (READY, "READY from")):
+                    watch = _LogWatch(logged)
+                    handshake_logger.addHandler(watch)
+                    try:
+                        await hs.send_multipart([frames])
+                        await watch.seen.wait()
+                    finally:
+                        handshake_logger.removeHandler(watch)
+                    stages.append(handshake_stage(address))
+                inp = raw_socket(zmq.DEALER, connect=bound.input_address, identity=E0)
+                await inp.send_multipart([_registration(0)])
+                await done.wait()
+                stages.append(handshake_stage(address))
+    finally:
+        handshake_logger.setLevel(old_level)
+    assert stages[0] is not None
+    assert "say HELLO (0 of 1 said HELLO)" in stages[0]
+    assert stages[1] is not None
+    assert "said HELLO" in stages[1]
+    assert "waiting for READY" in stages[1]
+    assert "loads the model" in stages[1]
+    assert stages[2] is not None
+    assert "input registration (0 of 1" in stages[2]
+    assert stages[3] is None

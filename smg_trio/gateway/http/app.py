@@ -18,6 +18,7 @@ from smg_trio import __version__
 from smg_trio.backend import GatewayBackend
 from smg_trio.gateway.config import DEFAULT_WRITE_TIMEOUT_S, GatewayHttpConfig
 from smg_trio.gateway.http.call import JSON_TYPE, Gateway, json_response
+from smg_trio.gateway.http.cors import Cors
 from smg_trio.gateway.http.fastroute import InferenceRoutes
 from smg_trio.gateway.http.health import health, liveness, readiness
 from smg_trio.gateway.http.metrics import GatewayMetrics
@@ -28,6 +29,7 @@ from smg_trio.gateway.http.tenants import TenantGate
 from smg_trio.gateway.http.tracing import Tracing
 from smg_trio.gateway.openai.errors import ApiError, anthropic_envelope, to_api_error
 from smg_trio.gateway.openai.models import model_detail, model_list
+from smg_trio.gateway.openai.responses_background import BackgroundResponses
 from smg_trio.gateway.openai.responses_schemas import ResponseDeleted
 from smg_trio.gateway.openai.tokens import VersionResponse
 from smg_trio.gateway.server.asgi_guard import RequestGuard
@@ -134,21 +136,32 @@ def create_app(
     )
     app.extensions[GATEWAY_KEY] = gw
 
-    routes = inference_routes(gw)
+    # background: true responses run in the app's nursery, at most as many as are stored
+    size = config.responses_store_size
+    background = (
+        BackgroundResponses(lambda: getattr(app, "nursery", None), size) if size > 0 else None
+    )
+    routes = inference_routes(gw, background)
 
     async def send_response(scope: Any, send: Any, response: Response) -> None:
         await _Connection(app, scope)._send_response(send, response)
 
     # The hot routes skip Quart's per-request machinery; Quart views of the same routes serve
     # what the middleware does not take (e.g. the app mounted under a root path).
-    app.asgi_app = RequestGuard(  # type: ignore[assignment,method-assign]
-        InferenceRoutes(
-            app.asgi_app,
-            routes,
-            send_response,
-            max_body=config.max_body_bytes,
-            body_timeout_s=config.body_timeout_s,
-        )
+    app.asgi_app = Cors(  # type: ignore[assignment,method-assign]
+        RequestGuard(
+            InferenceRoutes(
+                app.asgi_app,
+                routes,
+                send_response,
+                max_body=config.max_body_bytes,
+                body_timeout_s=config.body_timeout_s,
+            )
+        ),
+        config.allowed_origins,
+        config.allowed_methods,
+        config.allowed_headers,
+        config.allow_credentials,
     )
 
     for path, route in routes.items():
@@ -174,6 +187,35 @@ def create_app(
             return entry.response_json
 
         return authed_json(stored)
+
+    @app.post("/v1/responses/<response_id>/cancel")
+    async def cancel_response(response_id: str) -> Response:
+        req = _current()
+        rid = gw.request_id(req)
+        try:
+            gw.check_auth(req)
+            entry = gw.responses.get(response_id)
+            if entry is None:
+                raise _response_not_found(response_id)
+            if entry.response().get("status") not in ("queued", "in_progress"):
+                raise ApiError(  # vLLM 0.32's words
+                    400, "Cannot cancel a synchronous response.", param="response_id"
+                )
+            ended = background.cancel(response_id) if background is not None else None
+            if ended is None:
+                raise ApiError(
+                    409,
+                    "the response runs in another frontend process (or is ending); poll it",
+                    param="response_id",
+                    code="not_running_here",
+                )
+            await ended.wait()  # the engine was told ABORT and the state is stored
+            entry = gw.responses.get(response_id)
+            if entry is None:
+                raise _response_not_found(response_id)
+            return json_response(200, entry.response_json, rid)
+        except ApiError as exc:
+            return json_response(exc.status, exc.body(), rid)
 
     @app.delete("/v1/responses/<response_id>")
     async def delete_response(response_id: str) -> Response:
@@ -202,6 +244,10 @@ def create_app(
 
     @app.get("/health")
     async def healthz() -> Response:
+        return _probe(health(backend))
+
+    @app.route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:  # vLLM's SageMaker probe: /health's answer
         return _probe(health(backend))
 
     @app.get("/readiness")
@@ -252,8 +298,10 @@ def create_app(
                 (p for p in UNSERVED_PREFIXES if path == p or path.startswith(p + "/")), None
             )
             if known is not None:
-                status, code = 501, "not_implemented"
-                message = f"{known} is not served by this gateway (smg_trio serves text generation)"
+                message = (
+                    f"{known} is not served by this gateway (smg_trio serves text "
+                    f"generation); served endpoints: {served_endpoints()}"
+                )
             else:
                 message = f"no endpoint {path!r}; served endpoints: {served_endpoints()}"
         err = ApiError(status, message, code=code)

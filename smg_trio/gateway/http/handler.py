@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from quart import Response
 
+from smg_trio.gateway.http.background import start_background
 from smg_trio.gateway.http.call import RequestCall
+from smg_trio.gateway.http.request_log import log_request
 from smg_trio.gateway.http.sse import sse_response, sse_whole
 from smg_trio.gateway.openai.api import B, InferenceApi
 from smg_trio.gateway.openai.fanout import run_all
 from smg_trio.gateway.openai.framing import stream_done
+from smg_trio.gateway.openai.responses import ResponsesJob
 from smg_trio.gateway.openai.textgen import ChoiceCollector
 from smg_trio.gateway.openai.translate import check_data_parallel_rank
 
@@ -26,6 +29,8 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
         served = await call.gw.resolve_model(body.model)
         draft = api.check(body, served, call.gw.config)
         tokens = await call.tokenize(draft.tokenize)
+        if call.gw.config.enable_log_requests:
+            log_request(call, body, served.model_id)
         job = draft.build(tokens, call.reserve_ids())
         call.subs = job.subs
         call.prompt_tokens = job.prompt_tokens
@@ -36,6 +41,10 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
             return sse_whole(call, renderer.start() + renderer.end() + stream_done(renderer))
         client = (await call.lease(served.model_id, call.route_of(body))).client
         check_data_parallel_rank(job.data_parallel_rank, client.ranks)
+        if isinstance(job, ResponsesJob) and job.background is not None:
+            response = await start_background(call, client, served.model_id, job)
+            streaming = True  # the background task closes the call
+            return response
         if job.stream:
             response = await sse_response(call, client, job.subs, job.renderer())
             streaming = True

@@ -8,7 +8,9 @@ from typing import Any, Literal
 import attrs
 import msgspec
 
+from smg_trio.gateway.openai.chat_batch import BatchChatCompletionRequest
 from smg_trio.gateway.openai.errors import ErrorBody
+from smg_trio.gateway.openai.invocations import InvocationRequest
 from smg_trio.gateway.openai.messages_schemas import (
     AnthropicMessage,
     CountTokensRequest,
@@ -130,6 +132,27 @@ OPERATIONS: tuple[Operation, ...] = (
         CompletionRequest,
         Completion,
     ),
+    Operation(
+        "post",
+        "/v1/chat/completions/batch",
+        "createChatCompletionBatch",
+        "vLLM's batch chat completion: messages is a list of conversations, one choice each "
+        "(no streaming, no tools, n = 1)",
+        "api",
+        "vllm",
+        request=BatchChatCompletionRequest,
+        response=ChatCompletion,
+        errors=_INFERENCE_ERRORS,
+    ),
+    _inference(
+        "/invocations",
+        "invocations",
+        "SageMaker's route (vLLM's): a chat completion for a body with messages, else a "
+        "completion for one with prompt",
+        "vllm",
+        InvocationRequest,
+        ChatCompletion,
+    ),
     _inference(
         "/v1/responses",
         "createResponse",
@@ -137,6 +160,16 @@ OPERATIONS: tuple[Operation, ...] = (
         "openai",
         ResponsesRequest,
         ResponseObject,
+    ),
+    Operation(
+        "post",
+        "/v1/responses/{response_id}/cancel",
+        "cancelResponse",
+        "Cancel a background response that runs in this process (vLLM's route)",
+        "api",
+        "openai",
+        response=ResponseObject,
+        errors=("400", "401", "404", "409"),
     ),
     Operation(
         "get",
@@ -220,6 +253,24 @@ OPERATIONS: tuple[Operation, ...] = (
         "/health",
         "health",
         "200 while an engine is alive, else 503",
+        "public",
+        "probes",
+        response_type=_TEXT,
+    ),
+    Operation(
+        "get",
+        "/ping",
+        "ping",
+        "SageMaker's probe (vLLM's route): /health's answer",
+        "public",
+        "probes",
+        response_type=_TEXT,
+    ),
+    Operation(
+        "post",
+        "/ping",
+        "pingPost",
+        "SageMaker's probe (vLLM's route): /health's answer",
         "public",
         "probes",
         response_type=_TEXT,

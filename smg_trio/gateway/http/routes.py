@@ -13,11 +13,14 @@ from smg_trio.gateway.http.handler import handle
 from smg_trio.gateway.http.utility import utility_route
 from smg_trio.gateway.openai.api import InferenceApi
 from smg_trio.gateway.openai.chat import CHAT
+from smg_trio.gateway.openai.chat_batch import CHAT_BATCH
 from smg_trio.gateway.openai.completions import COMPLETIONS
 from smg_trio.gateway.openai.errors import anthropic_envelope
+from smg_trio.gateway.openai.invocations import INVOCATIONS
 from smg_trio.gateway.openai.messages import MESSAGES, count_tokens
 from smg_trio.gateway.openai.messages_schemas import CountTokensRequest
 from smg_trio.gateway.openai.responses import ResponsesApi
+from smg_trio.gateway.openai.responses_background import BackgroundResponses
 from smg_trio.gateway.openai.tokens import (
     DetokenizeRequest,
     TokenizeRequest,
@@ -57,8 +60,9 @@ def _route(gw: Gateway, api: InferenceApi[Any]) -> Route:
     return route
 
 
-#: OpenAI/vLLM endpoints this gateway knows of and does not serve: a 501 saying so (a path
-#: equal to one, or under it), not a 404.
+#: OpenAI/vLLM endpoints this gateway knows of and does not serve (a path equal to one, or
+#: under it): a 404 saying so, with the served endpoints. Never a 5xx: the official clients
+#: retry every 5xx, as vLLM's server answers these when it does not serve them.
 UNSERVED_PREFIXES: tuple[str, ...] = (
     "/v1/embeddings",
     "/v1/audio",
@@ -79,16 +83,20 @@ UNSERVED_PREFIXES: tuple[str, ...] = (
     "/rerank",
     "/pooling",
     "/classify",
-    "/invocations",
 )
 
 
-def inference_routes(gw: Gateway) -> dict[str, Route]:
-    """Each ``POST`` path's route on ``gw``: the inference APIs, then the engine-free ones
+def inference_routes(
+    gw: Gateway, background: BackgroundResponses | None = None
+) -> dict[str, Route]:
+    """Each ``POST`` path's route on ``gw``: the inference APIs (and SageMaker's
+    ``/invocations``, chat or completions by the body), then the engine-free ones
     (``/tokenize`` and ``/detokenize``, also under ``/v1``, as vLLM and smg spell them)."""
     routes: dict[str, Route] = {path: _route(gw, api) for path, api in INFERENCE_APIS}
     # The Responses API is made per gateway: it reads and fills the gateway's store.
-    routes["/v1/responses"] = _route(gw, ResponsesApi(gw.responses))
+    routes["/v1/responses"] = _route(gw, ResponsesApi(gw.responses, background))
+    routes["/invocations"] = _route(gw, INVOCATIONS)  # vLLM's SageMaker route
+    routes["/v1/chat/completions/batch"] = _route(gw, CHAT_BATCH)  # vLLM 0.32's
     tok = utility_route(gw, "tokenize", TokenizeRequest, tokenize)
     detok = utility_route(gw, "detokenize", DetokenizeRequest, detokenize)
     routes.update({"/tokenize": tok, "/v1/tokenize": tok})

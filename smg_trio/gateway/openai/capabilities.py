@@ -24,11 +24,11 @@ FIELD_MAP: tuple[tuple[str, str], ...] = (
     ("`max_completion_tokens`, `max_tokens`", "engine max tokens; `max_completion_tokens` wins when both are set; `null` = unset; >= 1 (completions: 0 only with `echo`); unset on vLLM = context left"),
     ("`temperature`, `top_p`, `top_k`, `min_p`", "sent as is after range checks (temperature >= 0, top_p in (0, 1], top_k >= -1, min_p in [0, 1])"),
     ("`presence_penalty`, `frequency_penalty`, `repetition_penalty`", "sent (penalties in [-2, 2], repetition > 0)"),
-    ("`seed`", "sent; must be in [0, 2^63 - 1]; sub-request i of n gets `(seed + i) mod 2^63`"),
+    ("`seed`", "sent; must be in the engine's range (the `seed` range row: vLLM any int64, as vLLM 0.32); sub-request i of n gets `seed + i`, wrapped mod 2^63 past the top"),
     ("`stop`", "matched in the gateway on detokenized text with hold-back; single-token stops also go to the engine as stop token ids; a gateway match aborts the engine request"),
     ("`stop_token_ids`, `ignore_eos`, `min_tokens`", "sent; EOS ids from the model directory are sent unless `ignore_eos`"),
     ("`include_stop_str_in_output`, `skip_special_tokens`, `spaces_between_special_tokens`", "applied in the gateway's detokenizer"),
-    ("`logit_bias`", "sent (keys are token ids in the vocabulary, values in [-100, 100])"),
+    ("`logit_bias`", "sent (keys are token ids in the vocabulary, values clamped to [-100, 100] as vLLM does; one 400 names every bad key)"),
     ("`logprobs` / `top_logprobs` (chat), `logprobs` (completions)", "engine logprobs = k; rendered in the OpenAI chat shape or the legacy completions shape"),
     ("`echo` + `logprobs` (completions), `prompt_logprobs`", "engine prompt logprobs"),
     ("`response_format`, `guided_*`, `structured_outputs`", "one structured-output constraint; more than one is a 400"),
@@ -36,7 +36,10 @@ FIELD_MAP: tuple[tuple[str, str], ...] = (
     ("`data_parallel_rank`", "sent; must name one of the worker's engines"),
     ("`n`", "n single-sample sub-requests `{id}-{i}` in one nursery; at most `max_n`"),
     ("`priority`", "vLLM: sent (lower is served first under the engine's `--scheduling-policy priority`); a signed 64-bit integer; the gateway's admission queue orders by it on every engine. TokenSpeed: != 0 is a 400 (its request has no priority)"),
-    ("`best_of` > 1, `use_beam_search`, `truncate_prompt_tokens`, `suffix`, chat `echo`, ", "400 naming the field (not supported by this gateway)"),
+    ("`truncate_prompt_tokens`, `truncation_side`", "the encoded prompt is cut to that many tokens (-1: the context less one), the last ones unless `truncation_side` is `right`, as vLLM 0.32's renderer does"),
+    ("`kv_transfer_params`", "vLLM: sent in `extra_args`, the engine's returned at the top of the response; TokenSpeed: 400"),
+    ("`best_of` > 1, `use_beam_search`, `suffix`", "400 naming the field (not supported by this gateway)"),
+    ("chat `echo`", "the last message's text leads the reply when its role is the reply's (`assistant` with `add_generation_prompt`, else the last message's), as vLLM 0.32"),
 )  # fmt: skip
 
 

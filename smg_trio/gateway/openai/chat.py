@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import msgspec
 from msgspec import UNSET
 
 from smg_trio.backend import ServedModel
@@ -17,7 +18,12 @@ from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.calls import merge_calls
 from smg_trio.gateway.openai.fanout import SubRequest, usage_of
 from smg_trio.gateway.openai.framing import ChunkFramer, StreamUsage
+from smg_trio.gateway.openai.grammar_check import check_grammar
 from smg_trio.gateway.openai.logprobs import chat_logprobs, merge_runs, prompt_logprobs
+from smg_trio.gateway.openai.request_template import (
+    check_request_template,
+    split_request_template,
+)
 from smg_trio.gateway.openai.schemas import (
     ChatChoice,
     ChatCompletion,
@@ -44,6 +50,7 @@ from smg_trio.gateway.openai.translate import (
     reasoning_tags,
     resolve_max_tokens,
 )
+from smg_trio.gateway.openai.truncation import truncate_ids, truncation_limit
 
 __all__ = [
     "CHAT",
@@ -55,19 +62,25 @@ __all__ = [
     "check_chat_input",
 ]
 
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
 
 def _check_messages(messages: Sequence[dict[str, Any]]) -> None:
+    """Roles are any non-empty string: besides OpenAI's, vLLM 0.32 takes custom roles
+    (``CustomChatCompletionMessageParam``) and hands them to the template."""
     if not messages:
         raise ValidationError(
             "messages must contain at least one message", param="messages", code="invalid_value"
         )
     for i, msg in enumerate(messages):
         role = msg.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str):
             raise ValidationError(
-                f"messages[{i}].role must be one of {', '.join(sorted(_ROLES))}, got {role!r}",
+                f"messages[{i}].role is required and must be a string, got {role!r}",
+                param=f"messages[{i}].role",
+                code="invalid_type",
+            )
+        if not role:
+            raise ValidationError(
+                f"messages[{i}].role must not be empty",
                 param=f"messages[{i}].role",
                 code="invalid_value",
             )
@@ -86,11 +99,21 @@ def _check_messages(messages: Sequence[dict[str, Any]]) -> None:
             )
 
 
+def _echo_of(body: ChatCompletionRequest) -> tuple[str, str]:
+    """``(role, echoed text)`` as vLLM 0.32's chat serving has them: the reply's role is
+    ``assistant`` with ``add_generation_prompt``, else the last message's (the model continues
+    it); with ``echo`` the last message's text is echoed when its role is the reply's."""
+    last = body.messages[-1] if body.messages else {}
+    role = "assistant" if body.add_generation_prompt is not False else str(last.get("role"))
+    if not body.echo or last.get("role") != role:
+        return role, ""
+    content = last.get("content") or ""
+    if isinstance(content, list):
+        content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return role, str(content)
+
+
 def _check_chat_fields(body: ChatCompletionRequest) -> None:
-    if body.echo:
-        raise ValidationError(
-            "echo is not supported for chat completions", param="echo", code="unsupported_field"
-        )
     if body.top_logprobs and not body.logprobs:
         raise ValidationError(
             "top_logprobs requires logprobs to be true", param="top_logprobs", code="invalid_value"
@@ -156,6 +179,7 @@ class ChatApi:
         """Check the messages and every field that needs no tokenizing."""
         _check_messages(body.messages)
         _check_chat_fields(body)
+        check_request_template(body, config.trust_request_chat_template)
         tools = plan_tools(
             body.tools,
             body.tool_choice,
@@ -193,20 +217,29 @@ class ChatDraft:
         """The rendered chat template and its token ids (refused before encoding when it
         cannot fit the context)."""
         body, tok = self.body, self.served.tokenizer
+        check_grammar(self.plan.sampling.structured_outputs, self.plan.structured_param)
+        template, kwargs = split_request_template(body, tok.content_format)
         prompt = tok.apply_chat_template(
             body.messages,
             tools=body.tools,
             documents=body.documents,
             add_generation_prompt=body.add_generation_prompt is not False,
             continue_final_message=bool(body.continue_final_message),
-            chat_template_kwargs=body.chat_template_kwargs,
+            chat_template_kwargs=kwargs,
+            template=template,
         )
-        check_prompt_fits(self.plan, self.served, prompt, "messages")
-        return prompt, tok.encode(prompt)
+        limit = truncation_limit(body, self.served.max_model_len)
+        if limit is None:
+            check_prompt_fits(self.plan, self.served, prompt, "messages")
+            return prompt, tok.encode(prompt)
+        return prompt, truncate_ids(tok.encode(prompt), limit, body.truncation_side)
 
-    def build(self, tokens: tuple[str, list[int]], ids: ResponseIds) -> ChatJob:
+    def build(
+        self, tokens: tuple[str, list[int]], ids: ResponseIds, first_index: int = 0
+    ) -> ChatJob:
         """The ``n`` sub-requests (seed ``+i``; the context left as ``max_tokens`` when
-        unset), within the request's token budget."""
+        unset), within the request's token budget; choice indices from ``first_index`` (a
+        batch's conversation)."""
         prompt, prompt_ids = tokens
         body, served, config, plan = self.body, self.served, self.config, self.plan
         if not prompt_ids:
@@ -227,8 +260,8 @@ class ChatDraft:
             served,
             prompt_ids,
             base_id=ids.engine_id,
-            first_index=0,
-            total=plan.n,
+            first_index=first_index,
+            total=plan.n if not first_index else first_index + plan.n,
             max_tokens=engine_max,
         )
         params = choice_params(plan, limit, reasoning, self.tools)
@@ -237,7 +270,7 @@ class ChatDraft:
         return ChatJob(
             subs=[
                 SubRequest(r, ChoicePipeline(i, tok, params, prompt_ids, whole=not body.stream))
-                for i, r in enumerate(requests)
+                for i, r in enumerate(requests, start=first_index)
             ],
             prompt_tokens=len(prompt_ids),
             stream=bool(body.stream),
@@ -251,6 +284,7 @@ class ChatDraft:
             prompt_ids=prompt_ids,
             prompt_k=body.prompt_logprobs,
             prompt_tokens_details=config.enable_prompt_tokens_details,
+            echo=_echo_of(body),
         )
 
 
@@ -274,6 +308,8 @@ class ChatJob:
     reasoning: bool
     prompt_ids: list[int]
     prompt_k: int | None
+    #: The reply's role and the echoed text (vLLM's ``echo``): see :func:`_echo_of`.
+    echo: tuple[str, str] = ("assistant", "")
     answered: bool = False
     #: Report ``usage.prompt_tokens_details`` (``--enable-prompt-tokens-details``).
     prompt_tokens_details: bool = False
@@ -294,25 +330,32 @@ class ChatJob:
             i = p.index
             text = "".join(collected.text[i])
             calls = merge_calls(collected.tool_calls[i], "call_")
-            message = ChatMessageOut("assistant", text or (None if calls else ""))
+            role, echoed = self.echo
+            text = echoed + text
+            message = ChatMessageOut(role, text or (None if calls else ""))
             if calls:
                 message.tool_calls = [
                     ToolCallOut(id=c.id, function=FunctionCallOut(c.name, c.arguments))
                     for c in calls
                 ]
             if self.reasoning:
-                message.reasoning_content = "".join(collected.reasoning[i]) or None
+                message.reasoning = "".join(collected.reasoning[i]) or None
             lps = None
             if k is not None:
                 lps = chat_logprobs(tok, merge_runs(collected.logprobs[i]), k)
-            choices.append(ChatChoice(i, message, lps, p.finish_reason, p.stop_reason))
+            choice = ChatChoice(i, message, lps, p.finish_reason, p.stop_reason)
+            choice.token_ids = p.token_ids
+            choices.append(choice)
         out = ChatCompletion(
             id=self.ids.response_id,
             created=self.ids.created,
             model=self.served.model_id,
             choices=choices,
             usage=usage_of(self.prompt_tokens, self.subs, details=self.prompt_tokens_details),
+            kv_transfer_params=self.subs[0].pipeline.kv_transfer_params if self.subs else None,
         )
+        if self.subs and self.subs[0].pipeline.token_ids is not None:
+            out.prompt_token_ids = self.prompt_ids
         if self.prompt_k is not None:
             out.prompt_logprobs = prompt_logprobs(
                 tok, self.subs[0].pipeline.prompt_logprobs, self.prompt_ids, self.prompt_k
@@ -366,7 +409,7 @@ def _tool_call_deltas(delta: TextDelta) -> list[ToolCallDeltaOut]:
 
 class ChatStreamRenderer:
     """``chat.completion.chunk`` frames: a role chunk per choice first, then content and
-    ``reasoning_content`` deltas (logprobs riding on the delta that carries their text), the
+    ``reasoning`` deltas (logprobs riding on the delta that carries their text), the
     finish on each choice's last chunk, then the usage chunk if asked."""
 
     def __init__(self, job: ChatJob) -> None:
@@ -377,13 +420,27 @@ class ChatStreamRenderer:
         self._subs: Sequence[SubRequest] = job.subs
         self._k = job.top_logprobs
         self._usage = StreamUsage(self._framer, job)
+        self._prompt_ids = job.prompt_ids
+        self._sent = [0] * len(job.subs)  # token ids already sent, per choice
+        self._echo = job.echo
 
     def start(self) -> bytes:
         usage = self._usage.running()
-        return b"".join(
-            self._framer.frame(ChunkChoice(i, Delta(role="assistant", content="")), usage)
+        role, echoed = self._echo
+        frames = [
+            self._framer.frame(ChunkChoice(i, Delta(role=role, content="")), usage)
             for i in range(len(self._subs))
-        )
+        ]
+        if echoed:  # vLLM: one chunk per choice with the echoed text, after the role's
+            frames += [
+                self._framer.frame(ChunkChoice(i, Delta(content=echoed)), usage)
+                for i in range(len(self._subs))
+            ]
+        if frames and self._subs[0].pipeline.token_ids is not None:
+            # vLLM: prompt_token_ids at the top of the first chunk
+            ids = msgspec.json.encode(self._prompt_ids)
+            frames[0] = frames[0][:-3] + b',"prompt_token_ids":' + ids + b"}\n\n"
+        return b"".join(frames)
 
     def delta(self, sub: SubRequest, delta: TextDelta) -> bytes:
         lp = None
@@ -394,13 +451,17 @@ class ChatStreamRenderer:
             sub.pipeline.index,
             Delta(
                 content=delta.text if delta.text else UNSET,
-                reasoning_content=delta.reasoning if delta.reasoning else UNSET,
+                reasoning=delta.reasoning if delta.reasoning else UNSET,
                 tool_calls=_tool_call_deltas(delta) if delta.tool_calls else UNSET,
             ),
             lp,
             finish,
             UNSET if finish is None else delta.stop_reason,
         )
+        ids = sub.pipeline.token_ids
+        if ids is not None:
+            i = sub.pipeline.index
+            choice.token_ids, self._sent[i] = ids[self._sent[i] :], len(ids)
         usage = self._usage.running()
         return self._framer.frame(choice, usage)
 

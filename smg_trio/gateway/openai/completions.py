@@ -19,6 +19,7 @@ from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.fanout import SubRequest, usage_of
 from smg_trio.gateway.openai.framing import ChunkFramer, StreamUsage
+from smg_trio.gateway.openai.grammar_check import check_grammar
 from smg_trio.gateway.openai.logprobs import (
     completion_logprobs,
     echo_logprobs,
@@ -46,6 +47,7 @@ from smg_trio.gateway.openai.translate import (
     choice_params,
     resolve_max_tokens,
 )
+from smg_trio.gateway.openai.truncation import truncate_all, truncation_limit
 from smg_trio.tokenizer import Tokenizer
 
 __all__ = [
@@ -152,14 +154,19 @@ class CompletionDraft:
     def tokenize(self) -> list[list[int]]:
         """Each prompt's token ids (see :func:`~smg_trio.gateway.openai.prompts.parse_prompts`)."""
         plan, served = self.plan, self.served
+        check_grammar(plan.sampling.structured_outputs, plan.structured_param)
+        limit = truncation_limit(self.body, served.max_model_len)
 
         def fits(prompt: str | Sequence[Any], param: str) -> None:
+            if limit is not None:  # truncated after encoding: it fits by then
+                return
             if isinstance(prompt, str):
                 check_prompt_fits(plan, served, prompt, param)
             else:
                 check_token_ids_fit(plan, served, len(prompt), param)
 
-        return parse_prompts(self.body.prompt, served.tokenizer, self.config.max_prompts, fits)
+        prompts = parse_prompts(self.body.prompt, served.tokenizer, self.config.max_prompts, fits)
+        return truncate_all(prompts, limit, self.body.truncation_side)
 
     def build(self, prompts: list[list[int]], ids: ResponseIds) -> CompletionJob:
         """``n`` sub-requests per prompt, within the request's token budget. An echo-only
@@ -273,6 +280,8 @@ class CompletionJob:
                 details=self.prompt_tokens_details,
                 per_prompt=self.n,
             ),
+            # vLLM answers the first prompt's (completion/serving.py)
+            kv_transfer_params=self.subs[0].pipeline.kv_transfer_params if self.subs else None,
         )
 
     def choices(self, collected: ChoiceCollector | None) -> list[CompletionChoice]:
@@ -295,6 +304,9 @@ class CompletionJob:
                 gen, _ = completion_logprobs(tok, merge_runs(runs), k, offset)
                 lps = gen if lps is None else _concat(lps, gen)
             choice = CompletionChoice(i, text, lps, p.finish_reason, p.stop_reason)
+            if p.token_ids is not None:  # vLLM's return_token_ids
+                choice.token_ids = p.token_ids
+                choice.prompt_token_ids = self.prompts[i // n]
             if prompt_k is not None:
                 choice.prompt_logprobs = prompt_logprobs(
                     tok, p.prompt_logprobs, self.prompts[i // n], prompt_k
@@ -318,6 +330,9 @@ class CompletionStreamRenderer:
         self._echoed = [False] * len(subs)
         self._offset = [0] * len(subs)
         self._usage = StreamUsage(self._framer, job)
+        self._prompts = job.prompts
+        self._sent = [0] * len(subs)  # token ids already sent, per choice
+        self._prompted = [False] * len(subs)
 
     def start(self) -> bytes:
         return b""
@@ -342,6 +357,11 @@ class CompletionStreamRenderer:
         choice = CompletionChunkChoice(
             i, text, lp, finish, UNSET if finish is None else delta.stop_reason
         )
+        if p.token_ids is not None:  # vLLM: prompt ids on a choice's first chunk
+            if not self._prompted[i]:
+                self._prompted[i] = True
+                choice.prompt_token_ids = self._prompts[i // self._n]
+            choice.token_ids, self._sent[i] = p.token_ids[self._sent[i] :], len(p.token_ids)
         usage = self._usage.running()
         return self._framer.frame(choice, usage)
 

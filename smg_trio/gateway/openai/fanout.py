@@ -33,15 +33,19 @@ __all__ = [
     "sub_request_id",
 ]
 
-#: Seeds are accepted in ``[0, SEED_MODULUS)`` and derived modulo it: valid for TokenSpeed's
-#: u64 and vLLM's Python int alike, never negative, never overflowing.
+#: Seeds are accepted below ``SEED_MODULUS`` (from 0 for TokenSpeed's u64, from ``-2**63``
+#: for vLLM's int64) and derived so that they never overflow: valid for both.
 SEED_MODULUS = 2**63
 
 
 def derive_seed(seed: int | None, i: int) -> int | None:
-    """Sub ``i``'s seed: ``(seed + i) mod 2**63`` (vLLM's ``seed + index`` rule, wrapped
-    into the accepted range); ``None`` stays ``None`` (each sub is seeded by the engine)."""
-    return None if seed is None else (seed + i) % SEED_MODULUS
+    """Sub ``i``'s seed: ``seed + i`` (vLLM's rule), wrapped modulo ``2**63`` past the top of
+    the range (a negative seed, vLLM's, stays ``seed + i``: it cannot overflow); ``None``
+    stays ``None`` (each sub is seeded by the engine)."""
+    if seed is None:
+        return None
+    derived = seed + i
+    return derived % SEED_MODULUS if derived >= SEED_MODULUS else derived
 
 
 def sub_request_id(base: str, index: int, total: int) -> str:

@@ -90,7 +90,8 @@ class UsageJob(Protocol):
 
 class StreamUsage:
     """A stream's ``stream_options`` usage: the running ``usage`` of each chunk with
-    ``continuous_usage_stats``, the final usage chunk with ``include_usage``."""
+    ``continuous_usage_stats`` and ``include_usage`` (alone it does nothing, as in vLLM),
+    the final usage chunk with ``include_usage``."""
 
     __slots__ = ("_continuous", "_framer", "_include", "_job")
 
@@ -98,7 +99,8 @@ class StreamUsage:
         self._framer = framer
         self._job = job
         self._include = job.include_usage
-        self._continuous = job.continuous_usage
+        # vLLM: continuous_usage_stats takes effect only with include_usage
+        self._continuous = job.continuous_usage and job.include_usage
 
     def running(self) -> Usage | None:
         """The ``usage`` to put on a chunk now (``None``: none asked)."""

@@ -5,6 +5,7 @@ choice is rendered as Anthropic's ``message`` or its event stream."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -128,7 +129,7 @@ def _assistant_blocks(content: list[Any], param: str) -> dict[str, Any]:
             raise _bad(f"content block type {kind!r} is not supported in an assistant turn", where)
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if thinking:
-        msg["reasoning_content"] = "".join(thinking)
+        msg["reasoning"] = "".join(thinking)
     if calls:
         msg["tool_calls"] = calls
     return msg
@@ -261,6 +262,12 @@ def _tool_use(call: Call) -> dict[str, Any]:
     return {"type": "tool_use", "id": cid, "name": call.name}
 
 
+def _signature() -> str:
+    """A thinking block's ``signature``: vLLM 0.32 writes a fresh ``uuid4().hex`` (the
+    gateway signs nothing; clients that echo thinking blocks back need one present)."""
+    return uuid.uuid4().hex
+
+
 class MessagesApi:
     """``POST /v1/messages``."""
 
@@ -290,10 +297,19 @@ class MessagesApi:
             chat_template_kwargs=_template_kwargs(body.thinking),
         )
         stops = tuple(body.stop_sequences or ())
+        ctx = served.max_model_len
+        if body.max_tokens > ctx:  # vLLM 0.32's renderer check, in its words
+            raise ValidationError(
+                f"max_tokens={body.max_tokens} cannot be greater than max_model_len={ctx}. "
+                "Please request fewer output tokens.",
+                param="max_tokens",
+            )
         try:
             draft = CHAT.check(chat, served, config)
         except ValidationError as exc:
             raise needs_flags(exc, 'tool_choice {"type": "any"}, "tool" and "none"') from None
+        # Claude Code asks every model for 32000: the context left clamps it (vLLM 0.32).
+        draft = attrs.evolve(draft, plan=attrs.evolve(draft.plan, clamp_max_tokens=True))
         return MessagesDraft(draft, stops)
 
 
@@ -333,7 +349,7 @@ class MessagesJob(ChatJobView):
         content: list[dict[str, Any]] = []
         reasoning = "".join(collected.reasoning[0])
         if reasoning:
-            content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+            content.append({"type": "thinking", "thinking": reasoning, "signature": _signature()})
         text = "".join(collected.text[0])
         calls = merge_calls(collected.tool_calls[0], "toolu_")
         if text or not calls:
@@ -399,8 +415,12 @@ class MessagesStreamRenderer:
     def _close(self) -> bytes:
         if self._open is None:
             return b""
+        out = b""
+        if self._open == "thinking":  # vLLM 0.32: the signature before the block stops
+            out = self._delta({"type": "signature_delta", "signature": _signature()})
         self._open = None
-        return _sse("content_block_stop", {"type": "content_block_stop", "index": self._index})
+        stop = {"type": "content_block_stop", "index": self._index}
+        return out + _sse("content_block_stop", stop)
 
     def _begin(self, kind: str, block: dict[str, Any]) -> bytes:
         out = self._close()

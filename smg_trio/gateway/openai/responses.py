@@ -20,10 +20,12 @@ from smg_trio.gateway.openai.calls import merge_calls, needs_flags, new_call_id
 from smg_trio.gateway.openai.chat import CHAT, ChatDraft, ChatJob, ChatJobView
 from smg_trio.gateway.openai.errors import to_api_error
 from smg_trio.gateway.openai.fanout import SubRequest
+from smg_trio.gateway.openai.logprobs import chat_logprobs, merge_runs
+from smg_trio.gateway.openai.responses_background import BackgroundResponses
 from smg_trio.gateway.openai.responses_schemas import ResponseObject, ResponsesRequest
 from smg_trio.gateway.openai.responses_store import ResponseStoreLike, StoredResponse
 from smg_trio.gateway.openai.schemas import ChatCompletionRequest
-from smg_trio.gateway.openai.textgen import ChoiceCollector, TextDelta
+from smg_trio.gateway.openai.textgen import ChoiceCollector, LogprobRun, TextDelta
 from smg_trio.parsers.tools import ToolCallDelta
 from smg_trio.tokenizer import Tokenizer
 
@@ -204,6 +206,8 @@ class ResponsesApi:
     """``POST /v1/responses`` over ``store`` (``None``: nothing is stored or found)."""
 
     store: ResponseStoreLike | None = None
+    #: Where ``background: true`` responses run (``None``: refused with a 400).
+    background: BackgroundResponses | None = None
     name = "responses"
     id_prefix = "resp_"
     #: Its responses are stored objects: their ids are the server's, never the client's.
@@ -215,7 +219,20 @@ class ResponsesApi:
     ) -> ResponsesDraft:
         """The chat request this is (with the stored conversation before it)."""
         if body.background:
-            raise _bad("background responses are not supported", "background", "unsupported_field")
+            if self.background is None or self.store is None:
+                raise _bad(
+                    "background responses are not available here (no responses store)",
+                    "background",
+                    "unsupported_field",
+                )
+            if body.store is False:  # vLLM 0.32's rule and words
+                raise _bad("background can only be used when `store` is true", "background")
+            if body.stream:
+                raise _bad(
+                    "background responses are not streamed here: poll GET /v1/responses/{id}",
+                    "stream",
+                    "unsupported_field",
+                )
         if body.n not in (None, 1):
             raise _bad(
                 "n is not supported: a response has one output (send one request per output)",
@@ -238,9 +255,12 @@ class ResponsesApi:
         turn = to_chat_messages(body.input)
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
         effort = (body.reasoning or {}).get("effort")
+        logprobs = "message.output_text.logprobs" in (body.include or ())
         chat = ChatCompletionRequest(
             model=body.model,
             messages=[*system, *history, *turn],
+            logprobs=logprobs,
+            top_logprobs=(body.top_logprobs or 0) if logprobs else None,
             max_tokens=body.max_output_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
@@ -256,7 +276,8 @@ class ResponsesApi:
         except ValidationError as exc:
             raise needs_flags(exc, 'tool_choice "required", a named function and "none"') from None
         store = self.store if body.store is not False else None
-        return ResponsesDraft(draft, body, [*history, *turn], store)
+        background = self.background if body.background else None
+        return ResponsesDraft(draft, body, [*history, *turn], store, background)
 
 
 @attrs.frozen
@@ -267,12 +288,14 @@ class ResponsesDraft:
     body: ResponsesRequest
     history: list[dict[str, Any]]
     store: ResponseStoreLike | None
+    background: BackgroundResponses | None = None
 
     def tokenize(self) -> tuple[str, list[int]]:
         return self.chat.tokenize()
 
     def build(self, tokens: tuple[str, list[int]], ids: ResponseIds) -> ResponsesJob:
-        return ResponsesJob(self.chat.build(tokens, ids), self.body, self.history, self.store)
+        job = self.chat.build(tokens, ids)
+        return ResponsesJob(job, self.body, self.history, self.store, self.background)
 
 
 def _item_id(prefix: str) -> str:
@@ -287,6 +310,8 @@ class ResponsesJob(ChatJobView):
     body: ResponsesRequest
     history: list[dict[str, Any]]
     store: ResponseStoreLike | None
+    #: Set for ``background: true``: the handler hands the job to :meth:`run_background`.
+    background: BackgroundResponses | None = None
     answered: bool = False
 
     def renderer(self) -> ResponsesStreamRenderer:
@@ -335,7 +360,19 @@ class ResponsesJob(ChatJobView):
             reasoning=body.reasoning,
             store=self.store is not None,
             metadata=body.metadata or {},
+            background=self.background is not None,
         )
+
+    def put(self, status: str, error: dict[str, Any] | None = None) -> ResponseObject:
+        """Store the response as ``status`` with no output yet (``queued``) or none at all
+        (``cancelled``, ``failed``), keeping its conversation for ``previous_response_id``."""
+        response = self.response(status, [])
+        response.error = error
+        if status == "queued":
+            response.usage = None
+        if self.store is not None:
+            self.store.put(response.id, StoredResponse.encode(response, self.history))
+        return response
 
     def status(self) -> str:
         """``incomplete`` when the output hit ``max_output_tokens`` (or the context)."""
@@ -360,6 +397,16 @@ class ResponsesJob(ChatJobView):
             self.store.put(response.id, StoredResponse.encode(response, [*self.history, said]))
         return response
 
+    def logprobs(self, runs: list[LogprobRun]) -> list[dict[str, Any]]:
+        """``output_text.logprobs`` of ``runs`` (vLLM's entries: token, logprob, bytes,
+        top_logprobs), ``[]`` unless ``include`` asks for them."""
+        k = self.chat.top_logprobs
+        if k is None or not runs:
+            return []
+        entries = chat_logprobs(self.chat.served.tokenizer, merge_runs(runs), k).content
+        out: list[dict[str, Any]] = msgspec.to_builtins(entries)
+        return out
+
     def result(self, collected: ChoiceCollector | None) -> ResponseObject:
         """The response: ``reasoning``, ``message`` and ``function_call`` items."""
         assert collected is not None
@@ -371,6 +418,7 @@ class ResponsesJob(ChatJobView):
         calls = merge_calls(collected.tool_calls[0], "call_")
         if text or not calls:
             output.append(_message_item(_item_id("msg_"), text, "completed"))
+            output[-1]["content"][0]["logprobs"] = self.logprobs(collected.logprobs[0])
         for call in calls:
             output.append(
                 _call_item(_item_id("fc_"), call.id, call.name, call.arguments, "completed")
@@ -431,6 +479,7 @@ class ResponsesStreamRenderer:
         self._text: list[str] = []  # the open item's text or arguments
         self._reasoning: list[str] = []  # all reasoning text (for reasoning_tokens)
         self._calls: list[ToolCallDelta] = []  # sent when the reply ends
+        self._runs: list[LogprobRun] = []  # the open message's logprobs (with include)
 
     def _event(self, kind: str, payload: dict[str, Any]) -> bytes:
         payload = {"type": kind, "sequence_number": self._seq, **payload}
@@ -466,10 +515,12 @@ class ResponsesStreamRenderer:
             )
         elif kind == "message":
             part = _text_part(text)
+            part["logprobs"] = self._job.logprobs(self._runs)
+            self._runs = []
             item["content"] = [part]
             out = self._event(
                 "response.output_text.done",
-                {**where, "content_index": 0, "text": text, "logprobs": []},
+                {**where, "content_index": 0, "text": text, "logprobs": part["logprobs"]},
             ) + self._event(
                 "response.content_part.done", {**where, "content_index": 0, "part": part}
             )
@@ -523,6 +574,8 @@ class ResponsesStreamRenderer:
                     self._begin("message", _message_item(_item_id("msg_"), None, "in_progress"))
                 )
             self._text.append(delta.text)
+            runs = [delta.logprobs] if delta.logprobs is not None and len(delta.logprobs) else []
+            self._runs.extend(runs)
             out.append(
                 self._event(
                     "response.output_text.delta",
@@ -531,7 +584,7 @@ class ResponsesStreamRenderer:
                         "output_index": self._index,
                         "content_index": 0,
                         "delta": delta.text,
-                        "logprobs": [],
+                        "logprobs": self._job.logprobs(runs),
                     },
                 )
             )

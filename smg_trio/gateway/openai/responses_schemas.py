@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -11,9 +11,22 @@ from msgspec import Meta
 __all__ = ["ResponseDeleted", "ResponseObject", "ResponsesRequest"]
 
 
+Includable = Literal[
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+]
+
+
 class ResponsesRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/responses``. ``input`` is a string or a list of items; ``store`` defaults
-    to true, as OpenAI's. Unknown fields are ignored; ``background`` and ``n`` other than 1 are refused."""
+    to true, as OpenAI's. Unknown fields are ignored; ``n`` other than 1 is refused;
+    ``background`` needs the store and no ``stream``."""
 
     model: str | None = None
     input: str | list[dict[str, Any]]
@@ -37,6 +50,10 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     prompt_cache_key: str | None = None
     #: Not OpenAI's (a response has one output): read only to refuse anything but 1.
     n: int | None = None
+    #: OpenAI's includable names (vLLM 0.32 takes the same list); only
+    #: ``message.output_text.logprobs`` changes the answer (with ``top_logprobs``).
+    include: list[Includable] | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
 
 
 class ResponseObject(msgspec.Struct, kw_only=True):

@@ -7,7 +7,7 @@ Requests ignore unknown fields (clients send vendor extensions). Type and range 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -39,13 +39,13 @@ __all__ = [
     "TopLogprob",
     "Usage",
     "UsageChunk",
+    "convert_body",
     "decode_body",
 ]
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
-Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
 #: vLLM's ``priority`` (lower is served first): the wire's signed 64-bit integer.
 Priority = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 
@@ -62,8 +62,9 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     """Fields shared by chat and completions: sampling, stops, fan-out and constraints.
 
     Ranges: ``temperature`` >= 0, ``top_p`` in (0, 1], ``top_k`` >= -1 (-1 and 0 disable),
-    ``min_p`` in [0, 1], penalties in [-2, 2], ``repetition_penalty`` > 0, ``logit_bias``
-    values in [-100, 100]. ``seed`` must be in [0, 2**63 - 1] (checked in translation).
+    ``min_p`` in [0, 1], penalties in [-2, 2], ``repetition_penalty`` > 0; ``logit_bias``
+    values are clamped to [-100, 100] (vLLM). ``seed`` must be in the engine's range (vLLM:
+    any int64; TokenSpeed: [0, 2**63 - 1]), checked in translation.
     """
 
     model: str | None = None
@@ -85,7 +86,7 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     min_tokens: NonNegInt | None = None
     skip_special_tokens: bool | None = True
     spaces_between_special_tokens: bool | None = True
-    logit_bias: dict[str, Bias] | None = None
+    logit_bias: dict[str, float] | None = None  # clamped to [-100, 100], as vLLM does
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
     guided_json: Any = None
@@ -95,10 +96,15 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     data_parallel_rank: NonNegInt | None = None
     prompt_logprobs: NonNegInt | None = None
     priority: Priority | None = 0
+    kv_transfer_params: dict[str, Any] | None = None
+    #: vLLM's: the answer carries ``prompt_token_ids`` and each choice's ``token_ids``.
+    return_token_ids: bool | None = False
+    #: vLLM's: keep this many prompt tokens (-1: the context less one), from ``truncation_side``.
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
     # Known fields this gateway cannot honour: rejected when set, never silently dropped.
     best_of: int | None = None
     use_beam_search: bool | None = False
-    truncate_prompt_tokens: int | None = None
     user: str | None = None
     #: OpenAI's cache routing key: with ``--policy cache_aware`` it makes routing sticky
     #: (as the ``x-session-id`` header, and ``user`` when neither is set).
@@ -118,6 +124,7 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     documents: list[dict[str, Any]] | None = None
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
@@ -194,12 +201,13 @@ class ToolCallOut(msgspec.Struct, kw_only=True):
 
 
 class ChatMessageOut(msgspec.Struct):
-    """The assistant message; ``reasoning_content`` appears only with a reasoning parser,
-    ``tool_calls`` only when the model called tools."""
+    """The assistant message; ``reasoning`` (vLLM 0.32's name, which replaced
+    ``reasoning_content``) appears only with a reasoning parser, ``tool_calls`` only when the
+    model called tools."""
 
     role: str
     content: str | None
-    reasoning_content: str | UnsetType | None = UNSET
+    reasoning: str | UnsetType | None = UNSET
     tool_calls: list[ToolCallOut] | UnsetType = UNSET
 
 
@@ -212,10 +220,12 @@ class ChatChoice(msgspec.Struct):
     logprobs: ChatLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's, with return_token_ids
 
 
 class ChatCompletion(msgspec.Struct, kw_only=True):
-    """``object: chat.completion``. ``prompt_logprobs`` (vLLM) only when requested."""
+    """``object: chat.completion``. vLLM's ``prompt_logprobs`` is ``null`` unless requested,
+    as vLLM 0.32 answers."""
 
     id: str
     object: str = "chat.completion"
@@ -223,7 +233,9 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     model: str
     choices: list[ChatChoice]
     usage: Usage
-    prompt_logprobs: list[Any] | UnsetType | None = UNSET
+    prompt_logprobs: list[Any] | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's, with return_token_ids
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class FunctionDeltaOut(msgspec.Struct, kw_only=True):
@@ -247,7 +259,7 @@ class Delta(msgspec.Struct):
 
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
-    reasoning_content: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET
     tool_calls: list[ToolCallDeltaOut] | UnsetType = UNSET
 
 
@@ -259,6 +271,7 @@ class ChunkChoice(msgspec.Struct):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | UnsetType | None = UNSET
+    token_ids: list[int] | UnsetType = UNSET  # vLLM's, with return_token_ids
 
 
 class CompletionLogprobs(msgspec.Struct):
@@ -280,7 +293,9 @@ class CompletionChoice(msgspec.Struct):
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None = None
-    prompt_logprobs: list[Any] | UnsetType | None = UNSET
+    prompt_logprobs: list[Any] | None = None  # null unless requested, as in vLLM 0.32
+    token_ids: list[int] | None = None  # vLLM's, with return_token_ids
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionChunkChoice(msgspec.Struct):
@@ -291,6 +306,8 @@ class CompletionChunkChoice(msgspec.Struct):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | UnsetType | None = UNSET
+    token_ids: list[int] | UnsetType = UNSET  # vLLM's, with return_token_ids
+    prompt_token_ids: list[int] | UnsetType = UNSET  # on a choice's first chunk
 
 
 class Completion(msgspec.Struct, kw_only=True):
@@ -302,6 +319,7 @@ class Completion(msgspec.Struct, kw_only=True):
     model: str
     choices: list[CompletionChoice]
     usage: Usage
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM's, from the engine
 
 
 class UsageChunk(msgspec.Struct):
@@ -346,6 +364,32 @@ _OUT_OF_RANGE = re.compile(
 )
 
 
+def _field_error(exc: msgspec.ValidationError) -> ApiError:
+    msg = str(exc)
+    m = _PATH.search(msg)
+    param = m.group(1).replace("[...]", "") if m else ""  # msgspec marks dict values
+    text = msg[: m.start()] if m else msg
+    missing = _MISSING.search(msg)
+    if missing:
+        param = f"{param}.{missing.group(1)}" if param else missing.group(1)
+    elif param:
+        text = f"{text} at '{param}'"
+    if missing:
+        code = "missing_required_parameter"
+    else:
+        code = "invalid_value" if _OUT_OF_RANGE.match(text) else "invalid_type"
+    return ApiError(400, text, param=param or None, code=code)
+
+
+def convert_body(obj: Any, type_: type[T]) -> T:
+    """Validate an already decoded body (plain JSON values) into ``type_``, with
+    :func:`decode_body`'s 400s naming the field."""
+    try:
+        return msgspec.convert(obj, type_)
+    except msgspec.ValidationError as exc:
+        raise _field_error(exc) from None
+
+
 def decode_body(data: bytes, type_: type[T]) -> T:
     """Decode a JSON body into ``type_``. Raises :class:`ApiError` 400: ``json_parse_error``
     for malformed JSON; ``invalid_type`` (a value of the wrong type, including a non-object
@@ -365,20 +409,7 @@ def decode_body(data: bytes, type_: type[T]) -> T:
     try:
         return msgspec.json.decode(data, type=type_)
     except msgspec.ValidationError as exc:
-        msg = str(exc)
-        m = _PATH.search(msg)
-        param = m.group(1).replace("[...]", "") if m else ""  # msgspec marks dict values
-        text = msg[: m.start()] if m else msg
-        missing = _MISSING.search(msg)
-        if missing:
-            param = f"{param}.{missing.group(1)}" if param else missing.group(1)
-        elif param:
-            text = f"{text} at '{param}'"
-        if missing:
-            code = "missing_required_parameter"
-        else:
-            code = "invalid_value" if _OUT_OF_RANGE.match(text) else "invalid_type"
-        raise ApiError(400, text, param=param or None, code=code) from None
+        raise _field_error(exc) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"JSON syntax error: {exc}", code="json_parse_error") from None
     except RecursionError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterator, Sequence
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 
@@ -52,6 +52,8 @@ class ChoiceParams:
     logprobs: bool = False
     tool_parser: Callable[[], ToolParser] | None = None
     max_tool_calls: int | None = None
+    #: vLLM's ``return_token_ids``: keep the generated ids (:attr:`ChoicePipeline.token_ids`).
+    token_ids: bool = False
 
 
 #: A whole choice's ids are decoded in runs of at most this many (a 30k-token answer is not
@@ -147,8 +149,10 @@ class ChoicePipeline:
         "finish_reason",
         "gateway_stopped",
         "index",
+        "kv_transfer_params",
         "prompt_logprobs",
         "stop_reason",
+        "token_ids",
         "tool_calls_made",
     )
 
@@ -200,6 +204,10 @@ class ChoicePipeline:
         #: An engine failure that arrived after text in the same :meth:`feed` call.
         self.failure: EngineRequestFailed | None = None
         self.prompt_logprobs: list[TokenLogprobs] = []
+        #: What the engine's KV connector returned (vLLM's ``kv_transfer_params``), if any.
+        self.kv_transfer_params: Any = None
+        #: The generated ids (with ``return_token_ids``; else ``None``).
+        self.token_ids: list[int] | None = [] if params.token_ids else None
 
     @property
     def done(self) -> bool:
@@ -236,6 +244,8 @@ class ChoicePipeline:
                 break
             if out.prompt_logprobs is not None:
                 self.prompt_logprobs.append(out.prompt_logprobs)
+            if out.kv_transfer_params is not None:
+                self.kv_transfer_params = out.kv_transfer_params
             if out.new_token_ids:
                 self._consume(out, parts, thoughts)
             if self.finish_reason is None and reason is not None:
@@ -283,6 +293,8 @@ class ChoicePipeline:
             and toks[-1] in self._params.hidden_stop_ids
         )
         visible = toks[:-1] if hide else toks
+        if self.token_ids is not None:
+            self.token_ids.extend(toks)
         matcher = self._matcher
         detok = self._detok
         reasoning = self._reasoning

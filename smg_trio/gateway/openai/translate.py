@@ -76,6 +76,14 @@ class Plan:
     #: vLLM's request priority: lower is served first (by the engine under
     #: ``--scheduling-policy priority``; by the gateway's admission queue always).
     priority: int = 0
+    #: The client's field that set ``sampling.structured_outputs`` (``None``: no constraint,
+    #: or the gateway's own for ``tool_choice``), for the grammar check's 400.
+    structured_param: str | None = None
+    #: ``max_tokens`` above the context left is clamped to it rather than refused (vLLM
+    #: 0.32's ``get_max_tokens``; the Messages API sets it).
+    clamp_max_tokens: bool = False
+    #: vLLM's ``return_token_ids``: the answer carries the prompt's and each choice's ids.
+    return_token_ids: bool = False
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> ValidationError:
@@ -90,10 +98,6 @@ def _reject_unsupported(body: SamplingRequest) -> None:
         raise _bad(f"best_of ({body.best_of}) must be >= n ({n})", "best_of", "invalid_value")
     if body.use_beam_search:
         raise _bad("beam search is not supported", "use_beam_search", "unsupported_field")
-    if body.truncate_prompt_tokens is not None:
-        raise _bad(
-            "truncate_prompt_tokens is not supported", "truncate_prompt_tokens", "unsupported_field"
-        )
 
 
 #: Most stop strings per request. OpenAI allows 4 and vLLM sets no limit; each one is matched
@@ -130,15 +134,31 @@ def _token_ids(values: Sequence[int], vocab: int, param: str) -> list[int]:
 
 
 def _logit_bias(raw: dict[str, float], vocab: int) -> dict[int, float]:
+    """Token id -> bias, values clamped to [-100, 100] (vLLM's ``SamplingParams``). One 400
+    names every key that is not a token id, else every id outside the vocabulary, as vLLM's
+    two checks do."""
     out: dict[int, float] = {}
+    not_ids: list[str] = []
     for key, value in raw.items():
         try:
             tok = int(key)
         except ValueError:
-            raise _bad(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
-        if not 0 <= tok < vocab:
-            raise _bad(f"logit_bias token id {tok} is outside [0, {vocab})", "logit_bias")
-        out[tok] = float(value)
+            not_ids.append(key)
+            continue
+        out[tok] = min(100.0, max(-100.0, float(value)))
+    if not_ids:
+        raise _bad(
+            f"logit_bias contains key(s) that cannot be converted to integer token IDs: "
+            f"{not_ids!r}",
+            "logit_bias",
+        )
+    outside = [tok for tok in out if not 0 <= tok < vocab]
+    if outside:
+        raise _bad(
+            f"token_id(s) {outside} in logit_bias contain out-of-vocab token ids. "
+            f"Vocabulary size: {vocab}",
+            "logit_bias",
+        )
     return out
 
 
@@ -210,12 +230,13 @@ def _constraints(body: SamplingRequest) -> list[tuple[str, str, StructuredOutput
 
 def _structured(
     body: SamplingRequest, caps: Capabilities, tool_constraint: StructuredOutputs | None = None
-) -> StructuredOutputs | None:
+) -> tuple[str | None, StructuredOutputs | None]:
+    """The request's one constraint and the field that set it."""
     found = _constraints(body)
     if tool_constraint is not None:  # tool_choice required / a named function
         found.insert(0, ("tool_choice", "json", tool_constraint))
     if not found:
-        return None
+        return None, None
     if len(found) > 1:
         raise _bad(
             "Multiple constraints are not allowed: " + ", ".join(p for p, _, _ in found),
@@ -224,7 +245,7 @@ def _structured(
     param, kind, so = found[0]
     if kind not in caps.structured_outputs:
         raise UnsupportedField(param, caps.engine, f"{kind} constraints")
-    return so
+    return param, so
 
 
 def _check_logprobs(lp: LogprobRequest, caps: Capabilities, config: GatewayHttpConfig) -> None:
@@ -285,8 +306,8 @@ def build_plan(
         )
     seed = body.seed
     seed_max = min(caps.seed_max, SEED_MODULUS - 1)
-    if seed is not None and not max(caps.seed_min, 0) <= seed <= seed_max:
-        raise _bad(f"seed must be in [{max(caps.seed_min, 0)}, {seed_max}], got {seed}", "seed")
+    if seed is not None and not caps.seed_min <= seed <= seed_max:
+        raise _bad(f"seed must be in [{caps.seed_min}, {seed_max}], got {seed}", "seed")
     min_tokens = body.min_tokens or 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise _bad(
@@ -296,13 +317,18 @@ def build_plan(
         raise UnsupportedField("min_p", caps.engine)
     if body.data_parallel_rank is not None and not caps.data_parallel_rank:
         raise UnsupportedField("data_parallel_rank", caps.engine)
+    if body.kv_transfer_params and caps.engine != "vllm":
+        raise UnsupportedField("kv_transfer_params", caps.engine)
     logit_bias = None
     if body.logit_bias:
         if not caps.logit_bias:
             raise UnsupportedField("logit_bias", caps.engine)
         logit_bias = _logit_bias(body.logit_bias, vocab)
     _check_logprobs(logprobs, caps, config)
-    structured = _structured(body, caps, tool_constraint)
+    structured_param, structured = _structured(body, caps, tool_constraint)
+    backend = config.structured_outputs_backend
+    if structured is not None and backend != "auto":  # the engine's configured backend
+        structured = msgspec.structs.replace(structured, backend=backend)
 
     stops = _stops(body.stop)
     user_ids = _token_ids(body.stop_token_ids or [], vocab, "stop_token_ids")
@@ -333,6 +359,7 @@ def build_plan(
         structured_outputs=structured,
         skip_special_tokens=body.skip_special_tokens is not False,
         spaces_between_special_tokens=body.spaces_between_special_tokens is not False,
+        kv_transfer_params=body.kv_transfer_params or None,  # vLLM sends a non-empty one
     )
     return Plan(
         sampling=sampling,
@@ -345,6 +372,8 @@ def build_plan(
         data_parallel_rank=body.data_parallel_rank,
         logprobs=logprobs,
         priority=body.priority or 0,
+        structured_param=None if structured_param == "tool_choice" else structured_param,
+        return_token_ids=bool(body.return_token_ids),
     )
 
 
@@ -370,6 +399,8 @@ def resolve_max_tokens(
     if mt is None:
         default = served.protocol.capabilities.default_max_tokens_is_remaining_context
         return (room if default else None), room
+    if mt > room and plan.clamp_max_tokens:
+        return room, room
     if mt > room:
         raise ValidationError(
             f"This model's maximum context length is {ctx} tokens. However, you requested "
@@ -401,7 +432,7 @@ def _check_fits(plan: Plan, served: ServedModel, lower: int, prompt_param: str, 
             code="context_length_exceeded",
         )
     mt = plan.max_tokens
-    if mt is not None and lower + mt > ctx:
+    if mt is not None and lower + mt > ctx and not plan.clamp_max_tokens:
         raise ValidationError(
             f"This model's maximum context length is {ctx} tokens. However, you requested "
             f"{qual}{lower + mt} tokens ({qual}{lower} in the prompt, {mt} for the completion).",
@@ -520,6 +551,7 @@ def choice_params(
         logprobs=s.logprobs is not None,
         tool_parser=tools.parser,
         max_tool_calls=tools.max_calls,
+        token_ids=plan.return_token_ids,
     )
 
 

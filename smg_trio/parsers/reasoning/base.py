@@ -1,13 +1,13 @@
 """The reasoning parser interface, how a request picks its start state, and the registry.
 
 A reasoning parser sees a choice's detokenized text piece by piece and splits it into
-reasoning (``reasoning_content``) and content. Everything that is not reasoning is content and
+reasoning (``reasoning``) and content. Everything that is not reasoning is content and
 is passed on unchanged, in order (markers of the reasoning block itself removed), so the
 tool-call parser after it sees the content text as the model wrote it.
 
 A *format* (one per ``--reasoning-parser`` name) decides once per request, from the rendered
 prompt and the request's ``chat_template_kwargs``, whether the split runs at all (a thinking
-switch that is off means no split, and no ``reasoning_content``) and in which state it starts
+switch that is off means no split, and no ``reasoning``) and in which state it starts
 (inside a block the chat template opened, or before one); it returns a factory that makes one
 fresh parser per choice.
 """
@@ -93,6 +93,13 @@ def _load_formats() -> None:
 
     for module in FORMAT_MODULES:
         importlib.import_module(f"smg_trio.parsers.reasoning.{module}")
+    for alias, name in ALIASES.items():
+        _REGISTRY.setdefault(alias, _REGISTRY[name])
+
+
+#: vLLM 0.32's ``--reasoning-parser`` names for formats registered here under another name
+#: (vLLM maps ``glm47`` and ``glm45`` to one class; ``openai_gptoss`` is gpt-oss's harmony).
+ALIASES: dict[str, str] = {"openai_gptoss": "openai", "glm47": "glm45"}
 
 
 def reasoning_parser_names() -> list[str]:

@@ -87,6 +87,19 @@ def _load_formats() -> None:
 
     for module in FORMAT_MODULES:
         importlib.import_module(f"smg_trio.parsers.tools.{module}")
+    for alias, name in ALIASES.items():
+        _REGISTRY.setdefault(alias, _REGISTRY[name])
+
+
+#: vLLM 0.32's ``--tool-call-parser`` names for formats registered here under another name
+#: (vLLM's registry maps each to the same parser class, or to the same format).
+ALIASES: dict[str, str] = {
+    "llama4_json": "llama3_json",
+    "llama4_pythonic": "pythonic",  # <|python_start|>[call(...)]<|python_end|>
+    "qwen3_xml": "qwen3_coder",
+    "qwen3_json": "hermes",
+    "glm47": "glm45",  # vLLM's glm45 and glm47 are one class; glm45 here reads both layouts
+}
 
 
 #: The format modules under ``smg_trio/parsers/tools/`` (one per format family).
@@ -101,6 +114,7 @@ FORMAT_MODULES: tuple[str, ...] = (
     "kimi_k2",
     "qwen3_coder",
     "glm45",
+    "granite",
 )
 
 

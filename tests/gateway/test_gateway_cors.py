@@ -1,0 +1,69 @@
+"""CORS with vLLM 0.32's flags and defaults (its Starlette ``CORSMiddleware``): no allowed
+origin by default (no CORS headers), a preflight answered for an allowed origin, the allow
+headers on the actual response, credentials only when asked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from smg_trio.gateway.config import GatewayHttpConfig
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
+
+SITE = "https://app.example"
+PREFLIGHT = {
+    "origin": SITE,
+    "access-control-request-method": "POST",
+    "access-control-request-headers": "authorization, content-type",
+}
+BODY = {"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+async def test_no_cors_by_default(harness: HarnessFactory, tok: Any) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "x")) as h:
+            res = await h.post("/v1/chat/completions", BODY, headers={"origin": SITE})
+            assert res.status_code == 200
+            assert "access-control-allow-origin" not in res.headers
+            pre = await h.http.options("/v1/chat/completions", headers=PREFLIGHT)
+            assert "access-control-allow-origin" not in pre.headers
+
+
+async def test_allowed_origin_gets_preflight_and_headers(harness: HarnessFactory, tok: Any) -> None:
+    config = GatewayHttpConfig(allowed_origins=(SITE,), allow_credentials=True)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "x"), config=config) as h:
+            pre = await h.http.options("/v1/chat/completions", headers=PREFLIGHT)
+            assert pre.status_code == 200
+            assert pre.headers["access-control-allow-origin"] == SITE
+            assert "POST" in pre.headers["access-control-allow-methods"]
+            assert pre.headers["access-control-allow-headers"] == "authorization, content-type"
+            assert pre.headers["access-control-allow-credentials"] == "true"
+            for stream in (False, True):
+                res = await h.post(
+                    "/v1/chat/completions", {**BODY, "stream": stream}, headers={"origin": SITE}
+                )
+                assert res.status_code == 200
+                assert res.headers["access-control-allow-origin"] == SITE
+                assert res.headers["vary"] == "Origin"
+            other = await h.post(
+                "/v1/chat/completions", BODY, headers={"origin": "https://evil.example"}
+            )
+            assert "access-control-allow-origin" not in other.headers
+            bad = await h.http.options(
+                "/v1/chat/completions",
+                headers={**PREFLIGHT, "origin": "https://evil.example"},
+            )
+            assert "access-control-allow-origin" not in bad.headers
+
+
+async def test_any_origin_without_credentials_is_a_star(harness: HarnessFactory, tok: Any) -> None:
+    config = GatewayHttpConfig(allowed_origins=("*",), allowed_methods=("GET",))
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "x"), config=config) as h:
+            res = await h.http.get("/v1/models", headers={"origin": SITE})
+            assert res.headers["access-control-allow-origin"] == "*"
+            assert "access-control-allow-credentials" not in res.headers
+            pre = await h.http.options("/v1/chat/completions", headers=PREFLIGHT)
+            assert pre.status_code == 400  # POST is not an allowed method
