@@ -25,6 +25,7 @@ import trio
 
 from smg_trio.codec.msgpack import decode, encoder
 from smg_trio.codec.tensor import encode_tensor_inline
+from smg_trio.mock.lora import MockLoras
 from smg_trio.mock.script import MockScript, MockScriptError, load_script
 from smg_trio.mock.utility import MockUtility
 from smg_trio.protocol import tokenspeed as ts
@@ -71,6 +72,10 @@ class MockRequest:
     #: The frontend client whose output socket gets this request's outputs (vLLM's
     #: ``EngineCoreRequest.client_index``; TokenSpeed has one client).
     client_index: int = 0
+    #: The LoRA adapter it names, ``(lora_name, lora_int_id, lora_path)`` (vLLM only).
+    lora: tuple[str, int, str] | None = None
+    #: Why its adapter could not be used (the request then finishes with ERROR).
+    lora_error: str | None = None
 
 
 #: A scripted plan: the token ids to emit per step for a request (each inner list is one step).
@@ -101,6 +106,10 @@ class MockEngineConfig:
     error_finish: Callable[[MockRequest], bool | vllm.RequestError] | None = None
     #: Scripted replies for prompts that match a rule (``plan``, when set, comes first).
     script: MockScript | None = None
+    #: LoRA: reported ``max_loras`` (0: no LoRA support, as an engine without
+    #: ``--enable-lora``) and the largest adapter rank ``add_lora`` takes.
+    max_loras: int = 4
+    max_lora_rank: int = 16
 
 
 class MockEngine:
@@ -136,7 +145,10 @@ class MockEngine:
         self.dead = trio.Event()
         self._hard_killed = False
         #: Utility calls (vLLM): sleep, pause, reset_prefix_cache... (:mod:`smg_trio.mock.utility`).
-        self.utility = MockUtility(on_pause=self._on_pause)
+        self.utility = MockUtility(
+            on_pause=self._on_pause,
+            loras=MockLoras(self.config.max_loras, self.config.max_lora_rank),
+        )
         self._abort_on_pause = False
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -165,7 +177,11 @@ class MockEngine:
             kv_cache_max_concurrency=1024.0,
         )
         extra: dict[str, Any] = (
-            {"supports_lora": False, "max_loras": 0, "mamba_block_size": None}
+            {
+                "supports_lora": cfg.max_loras > 0,
+                "max_loras": cfg.max_loras,
+                "mamba_block_size": None,
+            }
             if vllm_like
             else {"multimodal_encoder_dtype": None}
         )
@@ -319,6 +335,7 @@ class MockEngine:
             sp = r.sampling_params or {}
             stops = set(sp.get("stop_token_ids") or [])
             eos = sp.get("_eos_token_id")
+            lr = r.lora_request
             return MockRequest(
                 request_id=r.request_id,
                 prompt_token_ids=list(r.prompt_token_ids or []),
@@ -333,6 +350,7 @@ class MockEngine:
                 n=1,
                 raw=r,
                 client_index=r.client_index,
+                lora=None if lr is None else (lr.lora_name, lr.lora_int_id, lr.lora_path),
             )
         t = msgspec.msgpack.decode(payload, type=ts.TokenizedGenerateReqInput)
         p = t.sampling_params
@@ -355,6 +373,13 @@ class MockEngine:
         log.debug("mock: add %s (client %d)", req.request_id, req.client_index)
         self.requests.append(req)
         req.arrival_step = self._step
+        if req.lora is not None:
+            try:
+                if self.config.max_loras < 1:
+                    raise ValueError("LoRA is not enabled (start the engine with --enable-lora)")
+                self.utility.loras.use(req.lora)
+            except (ValueError, OSError) as exc:
+                req.lora_error = str(exc)
         if self.config.plan is not None:
             req.steps = [list(s) for s in self.config.plan(req)]
         elif self.config.script is not None:
@@ -378,6 +403,8 @@ class MockEngine:
             key = zlib.crc32(np.asarray(req.prompt_token_ids, dtype=np.int64).tobytes())
         else:
             key = zlib.crc32(req.request_id.encode())
+        if req.lora is not None:  # each adapter answers its own tokens
+            key = key * 2_147_483_659 + req.lora[1]
         return random.Random(key * 1_000_003 + len(req.generated))
 
     def _next_tokens(self, req: MockRequest) -> list[int]:
@@ -443,7 +470,11 @@ class MockEngine:
                 if (cfg.reject is not None and cfg.reject(req)) or req.n != 1:
                     results.append((req, [], "reject", None))
                     continue
-                verdict = False if cfg.error_finish is None else cfg.error_finish(req)
+                verdict: bool | vllm.RequestError = (
+                    False if cfg.error_finish is None else cfg.error_finish(req)
+                )
+                if req.lora_error is not None:
+                    verdict = vllm.RequestError("lora", req.lora_error)
                 if verdict:
                     if isinstance(verdict, vllm.RequestError):
                         req.error = verdict
@@ -474,8 +505,14 @@ class MockEngine:
         if not self.config.stats:
             return None
         running = len(self.active)
+        adapters: dict[str, int] = {}
+        for req in self.active.values():
+            if req.lora is not None:
+                adapters[req.lora[0]] = adapters.get(req.lora[0], 0) + 1
         return {
             "num_running_reqs": running,
+            "running_lora_adapters": adapters,
+            "waiting_lora_adapters": {},
             "num_waiting_reqs": 0,
             "num_skipped_waiting_reqs": 0,
             "step_counter": self._step,
