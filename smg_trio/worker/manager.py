@@ -20,6 +20,7 @@ from smg_trio.connector.client import (
     open_engine_client,
 )
 from smg_trio.errors import ConflictError, EngineError, SmgError, ValidationError
+from smg_trio.lora import LoraRegistry
 from smg_trio.parsers.reasoning import get_reasoning_format
 from smg_trio.parsers.tools import tool_parser_names
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
@@ -360,6 +361,8 @@ class WorkerManager:
         self.worker_wait_timeout_s = worker_wait_timeout_s
         self.model_grace_s = model_grace_s
         self.registry = WorkerRegistry()
+        #: The LoRA adapters served (a change wakes the frontends' table long-poll).
+        self.loras = LoraRegistry(on_change=self.registry.touch)
         #: Registration jobs; finished ones expire by count and age.
         self.jobs = JobTable(max_finished=max_finished_jobs, ttl_s=job_ttl_s)
         #: Models with a registered worker whose tokenizer loaded.

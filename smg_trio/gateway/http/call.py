@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Final, TypeVar
 
+import attrs
 import msgspec
 import trio
 from quart import Request, Response
@@ -193,6 +194,10 @@ class Gateway:
             name = known[0]
         served = backend.get_model(name)
         if served is None:
+            adapter = backend.loras.get(name)
+            if adapter is not None:  # a LoRA adapter: its base model's engines serve it
+                base = await self.resolve_model(adapter.base_model)
+                return attrs.evolve(base, model_id=adapter.name, lora=adapter)
             if name not in backend.known_models():
                 raise model_not_found(name)
             await backend.wait_for_worker(name)  # the tokenizer loads before it is ready
@@ -252,6 +257,8 @@ class RequestCall:
         self.prompt_tokens = 0
         self.subs: Sequence[SubRequest] = ()
         self._lease_cm: AbstractContextManager[WorkerLease] | None = None
+        #: The LoRA adapter this request uses, counted in flight until :meth:`close`.
+        self._adapter: str | None = None
         self._lease: WorkerLease | None = None
         self._closed = False
         self._admitted = False
@@ -297,6 +304,13 @@ class RequestCall:
         # the wait for a slot is ordered by the body's priority (vLLM's: lower first)
         await self.gw.admission.wait_turn(self, getattr(body, "priority", None) or 0)
         return body
+
+    def hold_adapter(self, served: ServedModel) -> None:
+        """Count this request as using ``served``'s LoRA adapter (if any) until :meth:`close`:
+        an adapter in use is not unloaded."""
+        if served.lora is not None and self._adapter is None:
+            self._adapter = served.lora.name
+            self.gw.backend.loras.acquire(self._adapter)
 
     async def tokenize(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (chat-template rendering, encoding) inline for a small request, or in a
@@ -418,6 +432,9 @@ class RequestCall:
         if self._admitted:
             self._admitted = False
             gw.admission.leave(self)
+        adapter, self._adapter = self._adapter, None
+        if adapter is not None:
+            gw.backend.loras.release(adapter)
         cm, self._lease_cm = self._lease_cm, None
         if cm is not None:
             engine_exc = exc if isinstance(exc, EngineError) else None
