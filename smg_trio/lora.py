@@ -198,6 +198,14 @@ class LoraAdapter:
         )
 
 
+def _dec(counts: dict[str, int], name: str) -> None:
+    left = counts.get(name, 0) - 1
+    if left > 0:
+        counts[name] = left
+    else:
+        counts.pop(name, None)
+
+
 class LoraRegistry:
     """The served adapters by name, and how many requests each has in flight here.
 
@@ -207,7 +215,8 @@ class LoraRegistry:
 
     def __init__(self, on_change: Callable[[], None] | None = None) -> None:
         self._adapters: dict[str, LoraAdapter] = {}
-        self._inflight: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}
+        self._running: dict[str, int] = {}
         self.on_change = on_change
 
     def __len__(self) -> int:
@@ -256,17 +265,28 @@ class LoraRegistry:
 
     def inflight(self, name: str) -> int:
         """Requests for ``name`` in flight in this process."""
-        return self._inflight.get(name, 0)
+        return self._waiting.get(name, 0) + self._running.get(name, 0)
 
     def acquire(self, name: str) -> None:
-        self._inflight[name] = self._inflight.get(name, 0) + 1
+        """A request for ``name`` starts (waiting for its first output)."""
+        self._waiting[name] = self._waiting.get(name, 0) + 1
 
-    def release(self, name: str) -> None:
-        left = self._inflight.get(name, 0) - 1
-        if left > 0:
-            self._inflight[name] = left
-        else:
-            self._inflight.pop(name, None)
+    def start(self, name: str) -> None:
+        """A request for ``name`` got its first output: it is running."""
+        _dec(self._waiting, name)
+        self._running[name] = self._running.get(name, 0) + 1
+
+    def release(self, name: str, *, started: bool) -> None:
+        """A request for ``name`` ended (``started``: after :meth:`start`)."""
+        _dec(self._running if started else self._waiting, name)
+
+    def running(self) -> list[str]:
+        """Adapters with requests running (vLLM's ``running_lora_adapters``)."""
+        return list(self._running)
+
+    def waiting(self) -> list[str]:
+        """Adapters with requests waiting for their first output (``waiting_lora_adapters``)."""
+        return list(self._waiting)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [a.to_json() for a in self._adapters.values()]

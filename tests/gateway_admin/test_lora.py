@@ -271,11 +271,18 @@ async def test_unloading_an_adapter_in_use_is_refused(
             async with c.http.stream("POST", "/v1/chat/completions", json=body) as stream:
                 assert stream.status_code == 200
                 assert c.manager.loras.inflight("sql") == 1
+                metrics = (await c.http.get("/metrics")).text
+                assert (
+                    'vllm:lora_requests_info{max_lora="4",running_lora_adapters="",'
+                    'waiting_lora_adapters="sql"}'
+                ) in metrics
                 err = assert_error(await c.unload("sql"), 409, "in use by 1 request")
                 assert err["code"] == "lora_adapter_in_use"
                 c.engines[0].resume()
                 await stream.aread()
             assert c.manager.loras.inflight("sql") == 0
+            metrics = (await c.http.get("/metrics")).text
+            assert 'running_lora_adapters="",waiting_lora_adapters=""}' in metrics
             assert (await c.unload("sql")).status_code == 200
 
 

@@ -259,6 +259,7 @@ class RequestCall:
         self._lease_cm: AbstractContextManager[WorkerLease] | None = None
         #: The LoRA adapter this request uses, counted in flight until :meth:`close`.
         self._adapter: str | None = None
+        self._adapter_started = False
         self._lease: WorkerLease | None = None
         self._closed = False
         self._admitted = False
@@ -390,6 +391,9 @@ class RequestCall:
         last, self._last_batch = self._last_batch, now
         if last is None:
             self.first_batch = now
+            if self._adapter is not None and not self._adapter_started:
+                self._adapter_started = True
+                self.gw.backend.loras.start(self._adapter)
         elif self._itl is not None:
             self._itl.observe(now - last)
 
@@ -434,7 +438,7 @@ class RequestCall:
             gw.admission.leave(self)
         adapter, self._adapter = self._adapter, None
         if adapter is not None:
-            gw.backend.loras.release(adapter)
+            gw.backend.loras.release(adapter, started=self._adapter_started)
         cm, self._lease_cm = self._lease_cm, None
         if cm is not None:
             engine_exc = exc if isinstance(exc, EngineError) else None
