@@ -113,12 +113,13 @@ class GatewayBackend(Protocol):
         :class:`NoWorkerAvailable`."""
 
     def lease(
-        self, model_id: str, exclude: Collection[str] = ()
+        self, model_id: str, exclude: Collection[str] = (), *, adapter: str | None = None
     ) -> AbstractContextManager[WorkerLease]:
         """``with backend.lease(model) as lease:`` picks a worker by the load-balancing policy
         (never one whose id is in ``exclude``) and holds an in-flight slot; an ``EngineError``
         escaping the block counts against the worker's circuit breaker, anything else (client
-        4xx included) does not. Raises :class:`NoWorkerAvailable` at once (see
+        4xx included) does not. ``adapter``: the request's LoRA adapter (the workers holding
+        it are preferred). Raises :class:`NoWorkerAvailable` at once (see
         :meth:`wait_for_worker`)."""
 
     def readiness(self) -> Readiness:
@@ -160,7 +161,9 @@ class StaticBackend:
         """Fixed clients never come back: no wait (the lease raises when none is alive)."""
 
     @contextmanager
-    def lease(self, model_id: str, exclude: Collection[str] = ()) -> Iterator[WorkerLease]:
+    def lease(
+        self, model_id: str, exclude: Collection[str] = (), *, adapter: str | None = None
+    ) -> Iterator[WorkerLease]:
         clients = [
             (f"{model_id}-{i}", c)
             for i, c in enumerate(self._clients.get(model_id, []))

@@ -238,6 +238,8 @@ class _LoraRoutes:
         if existing is not None:
             manager.loras.remove(name)
         manager.loras.add(adapter)
+        for w in {a.worker for a in answers}:
+            manager.lora_affinity.record(w, name)
         log.info("Loaded LoRA adapter %r (id %d) for %r from %s", name, int_id, base, facts.path)
         return f"Success: LoRA adapter '{name}' added successfully."
 
@@ -268,6 +270,7 @@ class _LoraRoutes:
         self.busy.add(name)
         try:
             manager.loras.remove(name)  # new requests get the unknown-model 404 from now on
+            manager.lora_affinity.forget(name)
             workers = [w for w in manager.workers if w.model_id == adapter.base_model]
             live = [w for w in workers if w.engine_client is not None and w.engine_client.alive]
             try:

@@ -114,10 +114,12 @@ class FrontendManager(WorkerManager):
         self._deferred: set[str] = set()
 
     @contextmanager
-    def lease(self, model_id: str, exclude: Collection[str] = ()) -> Iterator[WorkerLease]:
+    def lease(
+        self, model_id: str, exclude: Collection[str] = (), *, adapter: str | None = None
+    ) -> Iterator[WorkerLease]:
         worker: WorkerState | None = None
         try:
-            with super().lease(model_id, exclude) as lease:
+            with super().lease(model_id, exclude, adapter=adapter) as lease:
                 worker = self.get_worker(lease.worker_id)
                 self._publish(worker)
                 yield lease

@@ -41,6 +41,7 @@ from smg_trio.worker.jobs import (
     JobTable,
     RegistrationJob,
 )
+from smg_trio.worker.lora_affinity import LoraAffinity
 from smg_trio.worker.policies import DEFAULT_POLICY, LoadBalancingPolicy, make_policy
 from smg_trio.worker.registration import (
     RegistrationTiming,
@@ -363,6 +364,8 @@ class WorkerManager:
         self.registry = WorkerRegistry()
         #: The LoRA adapters served (a change wakes the frontends' table long-poll).
         self.loras = LoraRegistry(on_change=self.registry.touch)
+        #: Which workers hold which adapters: a request for one prefers them.
+        self.lora_affinity = LoraAffinity()
         #: Registration jobs; finished ones expire by count and age.
         self.jobs = JobTable(max_finished=max_finished_jobs, ttl_s=job_ttl_s)
         #: Models with a registered worker whose tokenizer loaded.
@@ -447,12 +450,22 @@ class WorkerManager:
             )
 
     @contextmanager
-    def lease(self, model_id: str, exclude: Collection[str] = ()) -> Iterator[WorkerLease]:
+    def lease(
+        self, model_id: str, exclude: Collection[str] = (), *, adapter: str | None = None
+    ) -> Iterator[WorkerLease]:
         if self._draining:
             raise NoWorkerAvailable("the gateway is draining")
-        worker = self.registry.select(model_id, self.policy, exclude)
+        affinity = self.lora_affinity
+        worker = self.registry.select(
+            model_id,
+            self.policy,
+            exclude,
+            None if adapter is None else lambda ws: affinity.prefer(ws, adapter),
+        )
         if not isinstance(worker, WorkerState) or worker.engine_client is None:
             raise NoWorkerAvailable(f"no healthy worker for model {model_id!r}")
+        if adapter is not None:
+            affinity.record(worker, adapter)
         client = worker.engine_client
         worker.inflight += 1
         if worker.idle.is_set():

@@ -256,12 +256,19 @@ class WorkerRegistry:
         )
 
     def select(
-        self, model: str, policy: LoadBalancingPolicy, exclude: Collection[str] = ()
+        self,
+        model: str,
+        policy: LoadBalancingPolicy,
+        exclude: Collection[str] = (),
+        narrow: Callable[[Sequence[Worker]], Sequence[Worker]] | None = None,
     ) -> Worker | None:
         """The worker ``policy`` picks among :meth:`workers_for` ``model`` (skipping the ids in
-        ``exclude``), or ``None`` if no worker is routable. The caller should count the request
-        with :meth:`Worker.track`."""
+        ``exclude``; ``narrow`` may keep a preferred non-empty subset, as the LoRA affinity
+        does), or ``None`` if no worker is routable. The caller should count the request with
+        :meth:`Worker.track`."""
         candidates: Sequence[Worker] = self.workers_for(model, exclude)
+        if narrow is not None and candidates:
+            candidates = narrow(candidates) or candidates
         return policy.select(candidates) if candidates else None
 
     def __len__(self) -> int:

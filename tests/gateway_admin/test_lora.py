@@ -72,6 +72,7 @@ async def lora_server(
     runtime: str = "vllm",
     max_loras: int = 4,
     max_lora_rank: int | None = None,
+    policy: str = "round_robin",
 ) -> AsyncIterator[Lora]:
     root = tmp_path / "adapters"
     root.mkdir()
@@ -80,7 +81,11 @@ async def lora_server(
     )
     async with trio.open_nursery() as nursery:
         manager = WorkerManager(
-            nursery, ready_timeout_s=5.0, confinement=confinement, worker_wait_timeout_s=5.0
+            nursery,
+            policy=policy,
+            ready_timeout_s=5.0,
+            confinement=confinement,
+            worker_wait_timeout_s=5.0,
         )
         app = create_app(manager, GatewayHttpConfig())
         admin = admin_blueprint(manager, admin_api_key=KEY)
@@ -181,6 +186,22 @@ async def test_two_adapters_interleaved(ns: IpcNamespace, model_dir: Path, tmp_p
                 texts[model].add(resp.json()["choices"][0]["message"]["content"])
             assert all(len(t) == 1 for t in texts.values())  # each stable
             assert len(set.union(*texts.values())) == 3  # and each its own
+
+
+async def test_requests_prefer_the_engine_holding_their_adapter(
+    ns: IpcNamespace, model_dir: Path, tmp_path: Path
+) -> None:
+    # static adapters (not preloaded), engines holding one adapter each, round robin: without
+    # the preference "a" would land on both engines
+    with trio.fail_after(DEADLINE_S):
+        async with lora_server(ns, model_dir, tmp_path, max_loras=1) as c:
+            for name in ("a", "b"):
+                path = str(c.adapter(name))
+                c.manager.loras.add(LoraAdapter(name, "m", path, lora_int_id(name), static=True))
+            for model in ("a", "a", "b", "b", "a", "b"):
+                assert (await c.chat(model)).status_code == 200
+            served = [{r.lora[0] for r in e.requests if r.lora} for e in c.engines]
+            assert sorted(map(sorted, served)) == [["a"], ["b"]], served
 
 
 @pytest.mark.parametrize(

@@ -337,7 +337,7 @@ class RequestCall:
         await backend.wait_for_worker(model_id)
         if backend.draining:
             raise ApiError(503, "the gateway is shutting down", code="draining")
-        cm = backend.lease(model_id)
+        cm = backend.lease(model_id, adapter=self._adapter)
         lease = cm.__enter__()
         self._lease_cm, self._lease = cm, lease
         metrics = self.gw.metrics
@@ -372,7 +372,7 @@ class RequestCall:
         old_cm, old = self._lease_cm, self._lease
         assert old_cm is not None
         assert old is not None
-        cm = self.gw.backend.lease(model_id, exclude=(old.worker_id,))
+        cm = self.gw.backend.lease(model_id, exclude=(old.worker_id,), adapter=self._adapter)
         try:
             lease = cm.__enter__()
         except NoWorkerAvailable:
