@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import trio
 
 from smg_trio.errors import SmgError, ValidationError
+from smg_trio.gateway.openai.errors import ApiError
 from smg_trio.lora import (
     AdapterFacts,
     LoraAdapter,
@@ -17,6 +18,7 @@ from smg_trio.lora import (
     lora_int_id,
     read_adapter,
 )
+from smg_trio.serve.engine_control import CONTROL_CALL_TIMEOUT_S, call_engines
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager
 
@@ -134,15 +136,31 @@ async def _adapter(
 async def register_static_adapters(
     manager: WorkerManager, modules: Sequence[LoraModule], max_lora_rank: int | None
 ) -> None:
-    """Check every ``--lora-modules`` adapter (its folder read in a worker thread) and register them all, or
-    none: raises :class:`LoraSetupError` for the first that cannot be served. Engines load
-    them on first use (each request carries the path), as vLLM's own static adapters."""
+    """Check every ``--lora-modules`` adapter (its folder read in a worker thread), preload it
+    on every engine of its base model (``add_lora``, as vLLM's server loads its static
+    adapters), and register them all, or none: raises :class:`LoraSetupError` for the first
+    that cannot be served (an engine's refusal included). A relaunched engine loads them again
+    on first use (each request carries the path)."""
     adapters: list[LoraAdapter] = []
     for module in modules:
         adapter = await _adapter(module, manager, max_lora_rank)
         if any(a.name == adapter.name for a in adapters):
             raise LoraSetupError(f"--lora-modules names {adapter.name!r} twice")
         adapters.append(adapter)
+    for adapter in adapters:
+        workers = [w for w in manager.workers if w.model_id == adapter.base_model]
+        try:
+            answers = await call_engines(
+                workers, "add_lora", (adapter.request,), CONTROL_CALL_TIMEOUT_S
+            )
+        except ApiError as exc:
+            raise LoraSetupError(f"--lora-modules {adapter.name}: {exc.detail.message}") from exc
+        for answer in answers:
+            if answer.error is not None:
+                raise LoraSetupError(
+                    f"--lora-modules {adapter.name}: {answer.error.detail.message}"
+                )
+            manager.lora_affinity.record(answer.worker, adapter.name)
     for adapter in adapters:
         try:
             manager.loras.add(adapter)

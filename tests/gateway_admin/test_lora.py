@@ -19,11 +19,12 @@ import trio
 
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.app import create_app, serve_http
-from smg_trio.lora import LoraAdapter, lora_int_id
+from smg_trio.lora import LoraAdapter, LoraModule, lora_int_id
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.mock.tiny_lora import build_tiny_lora
 from smg_trio.serve.admin import admin_blueprint
 from smg_trio.serve.lora_routes import add_lora_routes
+from smg_trio.serve.lora_setup import LoraSetupError, register_static_adapters
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager, WorkerSpec
 from tests.helpers.ipc import IpcNamespace, free_handshake_address
@@ -319,4 +320,37 @@ async def test_tokenspeed_worker_refuses_an_adapter(
             assert c.engines[0].requests == []
             assert c.manager.loras.inflight("sql") == 0
             assert_error(await c.load("x", c.adapter("x")), 400, "--enable-lora")
+            assert len(c.manager.loras) == 1
+
+
+async def test_static_adapters_are_preloaded_on_every_engine(
+    ns: IpcNamespace, model_dir: Path, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with lora_server(ns, model_dir, tmp_path) as c:
+            big = LoraModule("big", str(c.adapter("big", rank=32)))  # the mocks' limit is 16
+            with pytest.raises(LoraSetupError, match="max_lora_rank"):
+                await register_static_adapters(c.manager, [big], None)
+            assert len(c.manager.loras) == 0
+            good = LoraModule("s", str(c.adapter("s")))
+            await register_static_adapters(c.manager, [good], None)
+            assert c.manager.loras.get("s") is not None
+            assert c.manager.loras.get("s").static  # type: ignore[union-attr]
+            assert all(lora_int_id("s") in e.utility.loras.loaded for e in c.engines)
+            assert (await c.chat("s")).status_code == 200
+
+
+async def test_load_inplace_reloads_under_the_same_id(
+    ns: IpcNamespace, model_dir: Path, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with lora_server(ns, model_dir, tmp_path, engines=1) as c:
+            assert (await c.load("sql", c.adapter("sql"))).status_code == 200
+            newer = build_tiny_lora(c.root / "sql-v2", base_model="m", seed=9)
+            resp = await c.load("sql", newer, load_inplace=True)
+            assert resp.status_code == 200, resp.text
+            assert [a[0][4] for a in c.engine_calls("add_lora")] == [False, True]
+            adapter = c.manager.loras.get("sql")
+            assert adapter is not None
+            assert (adapter.path, adapter.int_id) == (str(newer), lora_int_id("sql"))
             assert len(c.manager.loras) == 1

@@ -431,7 +431,14 @@ class RequestCall:
             return
         self._closed = True
         gw = self.gw
-        log.debug("%s %s finished: %d %s", self.request_id, self.endpoint, status, error_code or "")
+        log.debug(
+            "%s %s finished: %d %s%s",
+            self.request_id,
+            self.endpoint,
+            status,
+            error_code or "",
+            f" (LoRA adapter {self._adapter!r})" if self._adapter else "",
+        )
         gw.metrics.in_flight.dec()
         if self._admitted:
             self._admitted = False
