@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The fuzz lane: schemathesis against `serve --backend mock` (loopback only), then a keyed pass.
 # Fails on any 5xx, any error body outside the OpenAI envelope, any response slower than
-# SMG_TRIO_FUZZ_MAX_RESPONSE_S, a run past its time bound, or a route that takes a missing or
-# wrong key. See docs/security.md ("Fuzz lane"). Usage: bash .ci/fuzz.sh
+# SMG_TRIO_FUZZ_MAX_RESPONSE_S, a run past its time bound, a route that takes a missing or
+# wrong key, or a raw byte sequence that stops the server or floods its log. See docs/security.md ("Fuzz lane"). Usage: bash .ci/fuzz.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -142,7 +142,19 @@ if ! PYTHONPATH=.ci timeout -k 5 60 .venv/bin/python .ci/fuzz_auth.py "$base" "$
   failed+=("keyed pass")
 fi
 
-for name in open admin keyed; do
+# Pass 4: raw bytes (issue 28 item 3): malformed and random byte sequences, one connection
+# each, against the fast path and against hypercorn alone (--disable-fast-http1). The process
+# must survive, answer GET /health afterwards, and log little and no traceback.
+raw_seed="${SMG_TRIO_FUZZ_SEED:-$RANDOM}"
+for mode in fast h1; do
+  if [ "$mode" = fast ]; then start_server raw-$mode; else start_server raw-$mode --disable-fast-http1; fi
+  if ! timeout -k 5 90 .venv/bin/python .ci/fuzz_raw.py "$base" "$server_pid" \
+    "$work/raw-$mode.log" "$raw_seed"; then
+    failed+=("raw bytes ($mode)")
+  fi
+done
+
+for name in open admin keyed raw-fast raw-h1; do
   if grep -q "Traceback" "$work/$name.log"; then
     echo "fuzz: the $name server logged tracebacks (first 40 lines):"
     grep -m1 -A40 "Traceback" "$work/$name.log"

@@ -10,6 +10,12 @@ of that module lacks:
 * ``--answer-utility``: answer vLLM ``UTILITY`` calls (``reset_mm_cache``,
   ``get_supported_tasks``, anything else returns None), which vLLM's own API server makes at
   start-up when it fronts an external engine.
+* ``--ready-file FILE``: create it once the engine has handshaken with the gateway.
+* ``--stats-file FILE``: on exit, write the engine's own prefix cache counts there (JSON:
+  ``requests``, ``queries``, ``hits``, ``evicted``), for ``bench/routing.py``.
+
+The prefix cache flags are the mock's own (``--block-size``, ``--num-gpu-blocks``,
+``--prefill-us-per-token``, ``--kv-events-config``; docs/mock.md).
 
     python bench/mock.py --handshake tcp://127.0.0.1:PORT --step-ms 1 --token-range 259 518
 """
@@ -18,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
+import signal
 import sys
 import time
 from typing import Any, TextIO
@@ -26,7 +34,12 @@ from typing import Any, TextIO
 import trio
 
 from smg_trio.codec.msgpack import decode, encoder
-from smg_trio.mock.engine import MockEngine, MockEngineConfig, run_until_signal
+from smg_trio.mock.engine import (
+    DEFAULT_NUM_GPU_BLOCKS,
+    MockEngine,
+    MockEngineConfig,
+)
+from smg_trio.mock.kv_publisher import parse_kv_events_config
 from smg_trio.transport.zsocket import ZmqSocket
 
 
@@ -83,8 +96,38 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=1 << 20)
     p.add_argument("--answer-utility", action="store_true")
     p.add_argument("--abort-log", default=None, metavar="FILE", help="log ABORT receipt times")
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument(
+        "--num-gpu-blocks",
+        type=int,
+        default=0,
+        help="the prefix cache's capacity in blocks (default 0: no prefix cache, so that the "
+        "gateway benchmarks pay no hashing in the engine)",
+    )
+    p.add_argument("--prefill-us-per-token", type=float, default=0.0)
+    p.add_argument("--kv-events-config", default=None, metavar="JSON")
+    p.add_argument("--stats-file", default=None, metavar="FILE")
+    p.add_argument("--ready-file", default=None, metavar="FILE")
     p.add_argument("--log-level", default="WARNING", type=str.upper)
     return p
+
+
+async def _serve(engine: MockEngine, ready_file: str | None) -> None:
+    """:func:`run_until_signal`, creating ``ready_file`` once the handshake is done."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(stop_on_signal)
+            await nursery.start(engine.run)
+            if ready_file is not None:
+                await trio.Path(ready_file).touch()
+            await engine.dead.wait()
+            nursery.cancel_scope.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,13 +139,25 @@ def main(argv: list[str] | None = None) -> int:
         step_s=args.step_ms / 1000.0,
         token_range=(lo, hi),
         max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks or DEFAULT_NUM_GPU_BLOCKS,
+        enable_prefix_caching=args.num_gpu_blocks > 0,
+        prefill_s_per_token=args.prefill_us_per_token / 1e6,
+        kv_events=(
+            None if args.kv_events_config is None else parse_kv_events_config(args.kv_events_config)
+        ),
     )
     engine = BenchMockEngine(args.handshake, config)
     engine.answer_utility = args.answer_utility
     with contextlib.ExitStack() as stack:
         if args.abort_log is not None:
             engine.abort_log = stack.enter_context(open(args.abort_log, "a"))
-        trio.run(run_until_signal, engine)
+        trio.run(_serve, engine, args.ready_file)
+    if args.stats_file is not None:
+        total = engine.cache.total
+        stats = {"requests": total.requests, "queries": total.queries, "hits": total.hits}
+        with open(args.stats_file, "w") as f:
+            json.dump({**stats, "evicted": engine.cache.evicted}, f)
     return 0
 
 

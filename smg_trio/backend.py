@@ -13,12 +13,15 @@ from smg_trio.connector.client import EngineClient
 from smg_trio.errors import SmgError
 from smg_trio.lora import LoraAdapter, LoraRegistry
 from smg_trio.protocol.types import EngineProtocol
+from smg_trio.routing.cache_aware import RouteRequest
 from smg_trio.tokenizer.core import Tokenizer
 
 __all__ = [
+    "EngineIndexStats",
     "GatewayBackend",
     "NoWorkerAvailable",
     "Readiness",
+    "RoutingSnapshot",
     "ServedModel",
     "StaticBackend",
     "WorkerLease",
@@ -57,10 +60,41 @@ class ServedModel:
 
 @attrs.define
 class WorkerLease:
-    """One request's use of one worker's engine client."""
+    """One request's use of one worker's engine client; ``rank_hint`` is the DP rank the
+    policy chose (``cache_aware``), for the request's ``GenerateRequest.rank_hint``."""
 
     worker_id: str
     client: EngineClient
+    rank_hint: int | None = None
+
+
+@attrs.frozen
+class EngineIndexStats:
+    """One engine's part of ``cache_aware``'s index and its KV event feed (``/metrics``)."""
+
+    worker: str
+    rank: int
+    blocks: int
+    #: Whether the engine is indexed by its KV events (else by the prompts routed to it).
+    events: bool
+    events_received: int = 0
+    batches: int = 0
+    gaps: int = 0
+    duplicates: int = 0
+    resets: int = 0
+    replays: int = 0
+    malformed: int = 0
+    lag_s: float = 0.0
+
+
+@attrs.frozen
+class RoutingSnapshot:
+    """``cache_aware``'s state for ``/metrics``: per engine, what the index dropped by
+    reason, and the decisions taken by reason."""
+
+    engines: Sequence[EngineIndexStats]
+    dropped: dict[str, int]
+    decisions: dict[str, int]
 
 
 @attrs.frozen
@@ -113,10 +147,11 @@ class GatewayBackend(Protocol):
         :class:`NoWorkerAvailable`."""
 
     def lease(
-        self, model_id: str, exclude: Collection[str] = (), *, adapter: str | None = None
+        self, model_id: str, exclude: Collection[str] = (), route: RouteRequest | None = None
     ) -> AbstractContextManager[WorkerLease]:
         """``with backend.lease(model) as lease:`` picks a worker by the load-balancing policy
-        (never one whose id is in ``exclude``) and holds an in-flight slot; an ``EngineError``
+        (never one whose id is in ``exclude``; ``route``: the prompt and session key, which
+        ``cache_aware`` routes by) and holds an in-flight slot; an ``EngineError``
         escaping the block counts against the worker's circuit breaker, anything else (client
         4xx included) does not. ``adapter``: the request's LoRA adapter (the workers holding
         it are preferred). Raises :class:`NoWorkerAvailable` at once (see
@@ -162,7 +197,7 @@ class StaticBackend:
 
     @contextmanager
     def lease(
-        self, model_id: str, exclude: Collection[str] = (), *, adapter: str | None = None
+        self, model_id: str, exclude: Collection[str] = (), route: RouteRequest | None = None
     ) -> Iterator[WorkerLease]:
         clients = [
             (f"{model_id}-{i}", c)

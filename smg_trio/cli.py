@@ -99,6 +99,21 @@ def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def _float_range(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite float in ``[low, high]``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not low <= value <= high or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {text}")
+        return value
+
+    return parse
+
+
 def _seconds(*, allow_zero: bool, allow_inf: bool = False) -> Callable[[str], float]:
     """An argparse type: a duration in seconds (positive, or also 0; finite unless inf is
     allowed)."""
@@ -166,12 +181,78 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--policy",
         default=DEFAULT_POLICY,
         choices=POLICY_NAMES,
-        help="load-balancing policy across workers of a model (default %(default)s)",
+        help="load-balancing policy across the engines of a model (default %(default)s: the "
+        "engine holding the longest cached prefix of the prompt, from the engines' KV events "
+        "or, for engines without them, the prompts routed there; see docs/routing.md)",
+    )
+    g.add_argument(
+        "--cache-threshold",
+        type=_float_range(0.0, 1.0),
+        default=0.3,
+        help="cache_aware: the least share of a prompt's blocks cached on an engine for the "
+        "cache to choose it (default %(default)s)",
+    )
+    g.add_argument(
+        "--balance-abs-threshold",
+        type=_float_range(0.0, float("inf")),
+        default=64.0,
+        help="cache_aware: load goes before the cache once the most and least loaded engines "
+        "differ by more than this many requests... (default %(default)s)",
+    )
+    g.add_argument(
+        "--balance-rel-threshold",
+        type=_float_range(1.0, float("inf")),
+        default=1.5,
+        help="...and the most loaded carries more than this many times the least "
+        "(default %(default)s)",
+    )
+    g.add_argument(
+        "--block-size",
+        type=_int_at_least(1, 1 << 20),
+        default=16,
+        help="cache_aware: tokens per block of the approximate index for an engine whose "
+        "registration names no block size (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-tree-size",
+        type=_int_at_least(1, 1 << 40),
+        default=1 << 26,
+        help="cache_aware: blocks kept per engine in the approximate index of routed prompts "
+        "(also bounded by the engine's num_gpu_blocks; default %(default)s)",
+    )
+    g.add_argument(
+        "--eviction-interval-secs",
+        type=_float_range(0.001, float("inf")),
+        default=120.0,
+        help="cache_aware: how often the approximate index forgets blocks not routed to in "
+        "the last 5 intervals (default %(default)s)",
     )
     g.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on inference endpoints")
     g.add_argument(
         "--admin-api-key",
         help="require this bearer key on /workers and /get_loads (default: the --api-key)",
+    )
+    g.add_argument(
+        "--api-keys-file",
+        metavar="PATH",
+        help="tenants: a JSON or TOML file of named API keys, each with its own "
+        "max_concurrent_requests and tokens_per_minute; read once at start "
+        "(docs/security.md#tenants)",
+    )
+    g.add_argument(
+        "--tenant-api-key",
+        action="extend",
+        nargs="+",
+        metavar="NAME:KEY",
+        help="a tenant's API key, no limits (smg's tenant:key; repeatable). A key on the "
+        "command line shows in ps: prefer --api-keys-file",
+    )
+    g.add_argument(
+        "--otlp-traces-endpoint",
+        metavar="URL",
+        help="export a span per inference request over OTLP to URL (vLLM's flag; gRPC, or "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); needs smg_trio[otel] "
+        "(docs/observability.md)",
     )
     g.add_argument(
         "--enable-http2",
@@ -206,6 +287,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="non-loopback hosts a worker's zmq_handshake_address or tcp:// URL may bind, and "
         "the only non-loopback addresses a tcp:// worker's engines may connect from (IPs; "
         "default: none)",
+    )
+    g.add_argument(
+        "--allowed-engine-uids",
+        nargs="+",
+        metavar="UID",
+        help="the uids a tcp:// worker's engines on this host may connect as (the owner of "
+        "their socket; default: root and the gateway's own uid)",
     )
     g.add_argument(
         "--zmq-advertise-host",
@@ -262,6 +350,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="parse tool calls for tool_choice 'auto' (needs --tool-call-parser); without it, "
         "a request with tools and tool_choice 'auto' (the default with tools) is a 400, as in "
         "vLLM",
+    )
+    g.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report the prompt tokens the engine found in its prefix cache: "
+        "usage.prompt_tokens_details.cached_tokens (chat, completions) and "
+        "cache_read_input_tokens (Messages), as vLLM's flag of that name does; the Responses "
+        "API always reports input_tokens_details.cached_tokens",
     )
     g.add_argument(
         "--max-n",
@@ -571,6 +667,16 @@ def _apply_env_and_file(
         setattr(args, action.dest, raw)
 
 
+def _uids(values: list[str | int] | None) -> tuple[int, ...] | None:
+    """``--allowed-engine-uids`` as numbers (a usage error for anything else)."""
+    if values is None:
+        return None
+    try:
+        return tuple(int(v) for v in values)
+    except ValueError:
+        _usage_error(f"--allowed-engine-uids: uids are numbers, got {values!r}")
+
+
 def _env_or_file(action: argparse.Action, file_values: dict[str, Any]) -> tuple[str, Any] | None:
     """``(where, value)`` of a flag not on the command line: its SMG_TRIO_<NAME> variable, else
     its config-file key, trying each of the flag's names in order; None when neither is set."""
@@ -733,11 +839,21 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "port": args.port,
         "served_model_name": args.served_model_name,
         "policy": args.policy,
+        "cache_threshold": args.cache_threshold,
+        "balance_abs_threshold": args.balance_abs_threshold,
+        "balance_rel_threshold": args.balance_rel_threshold,
+        "block_size": args.block_size,
+        "max_tree_size": args.max_tree_size,
+        "eviction_interval_s": args.eviction_interval_secs,
         "api_key": args.api_key,
         "admin_api_key": args.admin_api_key,
+        "otlp_traces_endpoint": args.otlp_traces_endpoint,
+        "api_keys_file": args.api_keys_file,
+        "tenant_api_keys": tuple(args.tenant_api_key or ()),
         "reasoning_parser": args.reasoning_parser,
         "tool_call_parser": args.tool_call_parser,
         "enable_auto_tool_choice": args.enable_auto_tool_choice,
+        "enable_prompt_tokens_details": args.enable_prompt_tokens_details,
         "max_n": args.max_n,
         "responses_store_size": args.responses_store_size,
         "max_sequences_per_request": args.max_sequences_per_request,
@@ -759,6 +875,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "fast_http1": not args.disable_fast_http1,
         "allowed_socket_dirs": tuple(args.allowed_socket_dirs or ()),
         "allowed_engine_hosts": tuple(args.allowed_engine_hosts or ()),
+        "allowed_engine_uids": _uids(args.allowed_engine_uids),
         "zmq_advertise_host": args.zmq_advertise_host,
         "zmq_heartbeat_interval_s": args.zmq_heartbeat_interval_secs,
         "zmq_heartbeat_timeout_s": args.zmq_heartbeat_timeout_secs,
@@ -776,6 +893,22 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             )
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         _usage_error("--enable-auto-tool-choice needs --tool-call-parser NAME")
+    if args.api_keys_file is not None or args.tenant_api_key:
+        from smg_trio.gateway.http.tenants import TenantsError, load_tenants
+
+        try:
+            load_tenants(args.api_keys_file, args.tenant_api_key or ())
+        except TenantsError as exc:
+            _usage_error(str(exc))
+    tracing = args.otlp_traces_endpoint is not None
+    if tracing and importlib.util.find_spec("opentelemetry.sdk") is None:
+        _usage_error("--otlp-traces-endpoint needs OpenTelemetry: pip install 'smg_trio[otel]'")
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
+    if tracing and protocol not in ("grpc", "http/protobuf"):
+        _usage_error(
+            f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL={protocol!r} is not supported with "
+            "--otlp-traces-endpoint (use 'grpc' or 'http/protobuf')"
+        )
     for owned in ("--revision", "--tokenizer-revision"):
         if any(a == owned or a.startswith(owned + "=") for a in engine_args):
             _usage_error(

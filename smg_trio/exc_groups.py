@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-__all__ = ["first_failure", "is_cancellation", "leaves"]
+__all__ = ["first_failure", "is_cancellation", "leaves", "sole_exception"]
 
 
 def leaves(exc: BaseException) -> list[BaseException]:
@@ -26,3 +26,11 @@ def first_failure(group: BaseExceptionGroup[BaseException]) -> BaseException:
         if not isinstance(leaf, trio.Cancelled):
             return leaf
     return group
+
+
+def sole_exception(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception ``group`` holds (its only leaf), else the group itself: what a
+    context manager that runs a background task re-raises, so that its body's own exception
+    leaves it as raised, not wrapped by the nursery."""
+    found = leaves(group)
+    return found[0] if len(found) == 1 else group

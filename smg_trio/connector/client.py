@@ -38,7 +38,8 @@ from smg_trio.transport.handshake import (
     run_handshake,
 )
 from smg_trio.transport.monitor import ConnectionEvent, ConnectionMonitor
-from smg_trio.transport.tcp import TcpOptions, endpoint_port, peer_host, shut_down_connection
+from smg_trio.transport.peer_guard import judge_connection
+from smg_trio.transport.tcp import TcpOptions, endpoint_port, shut_down_connection
 from smg_trio.transport.topology import BoundSockets, HandshakeSocket, bind_worker_sockets
 
 __all__ = [
@@ -193,6 +194,10 @@ class EngineClient:
         self._to_wake: dict[_Entry, None] = {}
         #: Utility calls waiting for their engine's answer.
         self._utility = UtilityCalls()
+        #: The engines' prefix cache counters summed over their scheduler stats so far
+        #: (vLLM's ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits``).
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     # -- introspection -------------------------------------------------------------------
 
@@ -238,6 +243,12 @@ class EngineClient:
                 EngineLoad(max(load.num_running, own), load.num_waiting, load.kv_cache_usage)
             )
         return out
+
+    def rank_scores(self) -> list[tuple[int, float]]:
+        """``(DP rank, load score)`` of each connected rank: in-flight requests (every
+        frontend's) or running + waiting, whichever is larger, plus a KV-pressure penalty
+        on waiting ones (what the connector's own rank choice compares)."""
+        return self._router.scores()
 
     @property
     def wave(self) -> int | None:
@@ -300,7 +311,7 @@ class EngineClient:
         if rid in self._registry:
             raise DuplicateRequestId(rid)
         frames = self.protocol.encode_add(request)
-        slot = self._router.reserve(rid, request.data_parallel_rank)
+        slot = self._router.reserve(rid, request.data_parallel_rank, request.rank_hint)
         entry = _Entry(rid, slot, self._identities[slot], self._router.indices[slot])
         self._registry[rid] = entry
         self._aborted.pop(rid, None)
@@ -559,7 +570,7 @@ class EngineClient:
             if slot is not None:
                 self._suspect(slot)
         elif event.kind == "accepted":
-            if self._refuse_stranger(fd, "input"):
+            if self._refuse_stranger(fd, "input") or self._gone(fd):
                 return
             # A suspect rank dialing back in (the oldest suspect not already claimed by an
             # earlier connection): it stays suspect until that connection's ZMTP handshake is
@@ -587,21 +598,32 @@ class EngineClient:
                 self._router.indices[slot],
             )
 
+    def _gone(self, fd: int) -> bool:
+        """A tcp worker's input connection ``fd`` that is no longer open (its DISCONNECTED
+        follows): it cannot be a rank coming back, and must not claim one (a refused peer's
+        connection is often closed before its ACCEPTED is read)."""
+        sockets = self._sockets
+        port = endpoint_port(sockets.input_address)
+        if sockets.tcp is None or port is None:
+            return False
+        return judge_connection(fd, port, sockets.tcp) is None
+
     def _refuse_stranger(self, fd: int, which: str) -> bool:
-        """A tcp worker's connection from a peer not on its allow-list is shut down (the
-        handshake already refuses such a peer; this ends its connections to the data plane)."""
+        """A tcp worker's connection from a peer that may not be an engine (a host not on the
+        allow-list, or on this host a uid not allowed) is shut down. The peer guard already
+        keeps it from completing its handshake; ending it here also keeps it out of the
+        reconnect bookkeeping (:meth:`_on_connection_event`)."""
         sockets = self._sockets
         if sockets.tcp is None:
             return False
         bound = sockets.input_address if which == "input" else sockets.output_address
-        host = peer_host(fd, endpoint_port(bound))  # None: not (or no longer) that connection
-        if host is None or sockets.tcp.peer_allowed(host):
+        port = endpoint_port(bound)
+        # None: not (or no longer) that connection
+        verdict = judge_connection(fd, port, sockets.tcp) if port is not None else None
+        if verdict is None or verdict.allowed:
             return False
         log.warning(
-            "refused a connection to the %s socket from %s: the host is not loopback or in "
-            "--allowed-engine-hosts",
-            which,
-            host,
+            "refused a connection to the %s socket from %s: %s", which, verdict.peer, verdict.why
         )
         shut_down_connection(fd)
         return True
@@ -736,6 +758,9 @@ class EngineClient:
                 # client's own outputs). Shed them, as an emptied rank does on release.
                 load = EngineLoad(0, 0, load.kv_cache_usage)
             router.loads[slot] = load
+        if batch.prefix_cache_queries:
+            self.prefix_cache_queries += batch.prefix_cache_queries
+            self.prefix_cache_hits += batch.prefix_cache_hits
         registry = self._registry
         to_wake = self._to_wake
         # Ids to tell ABORT again, per engine: one message each (not one task and message per

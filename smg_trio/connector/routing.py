@@ -74,8 +74,10 @@ class RankRouter:
             )
         return score
 
-    def reserve(self, request_id: str, pinned_rank: int | None) -> int:
-        """Pick a slot and reserve ``request_id`` on it. A pinned rank is authoritative.
+    def reserve(self, request_id: str, pinned_rank: int | None, hint: int | None = None) -> int:
+        """Pick a slot and reserve ``request_id`` on it. A pinned rank is authoritative; a
+        ``hint`` (the routing policy's rank) is taken when that rank is connected, else the
+        least loaded rank is.
 
         Raises ``InvalidDataParallelRank`` when no engine has the pinned index, and
         ``EngineDeadError`` when the pinned rank (or, unpinned, every rank) is down.
@@ -88,6 +90,12 @@ class RankRouter:
                 raise InvalidDataParallelRank(pinned_rank, n)
             if down[slot]:
                 raise EngineDeadError(f"engine {pinned_rank} is not connected")
+        elif (
+            hint is not None
+            and (hinted := self._slot_of.get(hint)) is not None
+            and not (down[hinted])
+        ):
+            slot = hinted
         elif n == 1:
             if down[0]:
                 raise EngineDeadError("the engine is not connected")
@@ -109,6 +117,12 @@ class RankRouter:
         self.inflight[slot].add(request_id)
         self._publish(slot)
         return slot
+
+    def scores(self) -> list[tuple[int, float]]:
+        """``(rank, score)`` of every connected rank (see :meth:`score`)."""
+        return [
+            (self.indices[s], self.score(s)) for s in range(len(self.indices)) if not self.down[s]
+        ]
 
     def release(self, slot: int, request_id: str) -> None:
         """Drop a reservation (idempotent). An emptied rank sheds its stale running/waiting

@@ -122,6 +122,7 @@ class GatewayHttpConfig:
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    enable_prompt_tokens_details: bool = False
     body_timeout_s: float = 60.0
     max_sequences_per_request: int = attrs.field(
         default=DEFAULT_MAX_SEQUENCES_PER_REQUEST, validator=_positive

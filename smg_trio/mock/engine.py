@@ -9,7 +9,6 @@ the rule's tokens instead of random ones.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import random
 import signal
@@ -25,16 +24,27 @@ import trio
 
 from smg_trio.codec.msgpack import decode, encoder
 from smg_trio.codec.tensor import encode_tensor_inline
+from smg_trio.mock.kv_publisher import KvEventPublisher
 from smg_trio.mock.lora import MockLoras
-from smg_trio.mock.script import MockScript, MockScriptError, load_script
+from smg_trio.mock.prefix_cache import PrefixCache
+from smg_trio.mock.script import MockScript
 from smg_trio.mock.utility import MockUtility
 from smg_trio.protocol import tokenspeed as ts
 from smg_trio.protocol import vllm
 from smg_trio.protocol.handshake import EngineCoreReadyResponse, encode_ready_response
+from smg_trio.protocol.kv_events import KVEventsConfig
 from smg_trio.transport.engine_side import EngineSockets, dial_frontend
 from smg_trio.transport.zsocket import ZmqSocket
 
-__all__ = ["MockEngine", "MockEngineConfig", "MockRequest", "Plan", "main", "run_until_signal"]
+__all__ = [
+    "DEFAULT_NUM_GPU_BLOCKS",
+    "MockEngine",
+    "MockEngineConfig",
+    "MockRequest",
+    "Plan",
+    "main",
+    "run_until_signal",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +52,9 @@ ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
 #: Tensors at or above this size go in aux frames, as vLLM's encoder does
 #: (``VLLM_MSGPACK_ZERO_COPY_THRESHOLD``).
 _AUX_THRESHOLD_BYTES = 256
+#: The prefix cache's default capacity in blocks: modest (16k tokens at block size 16), so
+#: that a cache-blind router's misses show.
+DEFAULT_NUM_GPU_BLOCKS = 1024
 
 
 @attrs.define
@@ -76,6 +89,9 @@ class MockRequest:
     lora: tuple[str, int, str] | None = None
     #: Why its adapter could not be used (the request then finishes with ERROR).
     lora_error: str | None = None
+    #: Prompt tokens found in the prefix cache, set when the request is prefilled (``None``
+    #: before: it gets no output until then).
+    cached_tokens: int | None = None
 
 
 #: A scripted plan: the token ids to emit per step for a request (each inner list is one step).
@@ -110,6 +126,24 @@ class MockEngineConfig:
     #: ``--enable-lora``) and the largest adapter rank ``add_lora`` takes.
     max_loras: int = 4
     max_lora_rank: int = 16
+    #: Tokens per KV block: ``None`` is 16 for vLLM (its GPU default), 64 for TokenSpeed.
+    block_size: int | None = None
+    #: The prefix cache's capacity in blocks (the ready response's ``num_gpu_blocks``).
+    num_gpu_blocks: int = DEFAULT_NUM_GPU_BLOCKS
+    enable_prefix_caching: bool = True
+    #: Extra seconds the prefill step takes per uncached prompt token (0: prefill is free).
+    prefill_s_per_token: float = 0.0
+    #: The seed of the block hash chain (``None``: random per engine, as vLLM's may be).
+    cache_seed: int | None = None
+    #: Publish KV events (vLLM's ``--kv-events-config``); ``None`` or disabled: none.
+    kv_events: KVEventsConfig | None = None
+
+    @property
+    def kv_block_size(self) -> int:
+        """The block size in tokens (the default of the protocol when unset)."""
+        if self.block_size is not None:
+            return self.block_size
+        return 16 if self.protocol == "vllm" else 64
 
 
 class MockEngine:
@@ -147,9 +181,22 @@ class MockEngine:
         #: Utility calls (vLLM): sleep, pause, reset_prefix_cache... (:mod:`smg_trio.mock.utility`).
         self.utility = MockUtility(
             on_pause=self._on_pause,
+            on_reset_cache=self.reset_prefix_cache,
             loras=MockLoras(self.config.max_loras, self.config.max_lora_rank),
         )
         self._abort_on_pause = False
+        cfg = self.config
+        events = cfg.kv_events is not None and cfg.kv_events.zmq_enabled
+        self.cache = PrefixCache(
+            cfg.kv_block_size,
+            cfg.num_gpu_blocks if cfg.enable_prefix_caching else 0,
+            seed=cfg.cache_seed,
+            events=events,
+        )
+        self.publisher: KvEventPublisher | None = None
+        if events:
+            assert cfg.kv_events is not None
+            self.publisher = KvEventPublisher(cfg.kv_events, cfg.engine_index)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -159,13 +206,13 @@ class MockEngine:
         vllm_like = cfg.protocol == "vllm"
         resp = EngineCoreReadyResponse(
             max_model_len=cfg.max_model_len,
-            num_gpu_blocks=8192,
+            num_gpu_blocks=cfg.num_gpu_blocks,
             dtype="float32",
             vllm_version="0.32.0" if vllm_like else "tokenspeed-0.1.1",
             world_size=1,
             data_parallel_size=cfg.data_parallel_size,
-            block_size=128 if vllm_like else None,
-            prefix_granularity=None if vllm_like else 64,
+            block_size=cfg.kv_block_size if vllm_like else None,
+            prefix_granularity=None if vllm_like else cfg.kv_block_size,
             tensor_parallel_size=1,
             pipeline_parallel_size=1,
             decode_context_parallel_size=1,
@@ -173,7 +220,7 @@ class MockEngine:
             max_num_seqs=128,
             max_num_batched_tokens=2048,
             instance_id=f"mock-{cfg.protocol}-{cfg.engine_index}",
-            kv_cache_size_tokens=1048576,
+            kv_cache_size_tokens=cfg.num_gpu_blocks * cfg.kv_block_size,
             kv_cache_max_concurrency=1024.0,
         )
         extra: dict[str, Any] = (
@@ -185,6 +232,10 @@ class MockEngine:
             if vllm_like
             else {"multimodal_encoder_dtype": None}
         )
+        if vllm_like and self.publisher is not None:
+            # vLLM's ready response carries the publisher's resolved config (its endpoint
+            # offset by the DP rank); the engine announces it only once its sockets are open.
+            extra["kv_events_config"] = msgspec.structs.asdict(self.publisher.config)
         return encode_ready_response(resp, **extra)
 
     async def run(
@@ -196,31 +247,47 @@ class MockEngine:
         before = cfg.register_before_ready if cfg.register_before_ready is not None else vllm_like
         with trio.CancelScope() as cancel:
             self._cancel = cancel
-            async with dial_frontend(
-                self.handshake_address,
-                engine_index=cfg.engine_index,
-                registration=self.registration(),
-                hello_local=not vllm_like,
-                with_hash_key=not vllm_like,
-                register_before_ready=before,
-                multi_client=vllm_like,
-            ) as sockets:
-                self._sockets = sockets
-                self._out_locks = [trio.StrictFIFOLock() for _ in sockets.outputs]
-                task_status.started(self)
-                try:
-                    async with trio.open_nursery() as nursery:
-                        for client, sock in enumerate(sockets.inputs):
-                            nursery.start_soon(self._input_loop, client, sock)
-                        nursery.start_soon(self._step_loop)
-                finally:
-                    if self._hard_killed:
-                        # A killed process's sockets are gone at once: none lingers to
-                        # deliver its queued messages (a lingering DEALER would reconnect to
-                        # a re-bound frontend socket with this engine's identity).
-                        for sock in (*sockets.inputs, *sockets.outputs):
-                            sock.close(linger_ms=0)
+            async with trio.open_nursery() as events:
+                if self.publisher is not None:
+                    # Opened before the handshake: the registration names its endpoint.
+                    await events.start(self.publisher.run)
+                async with dial_frontend(
+                    self.handshake_address,
+                    engine_index=cfg.engine_index,
+                    registration=self.registration(),
+                    hello_local=not vllm_like,
+                    with_hash_key=not vllm_like,
+                    register_before_ready=before,
+                    multi_client=vllm_like,
+                ) as sockets:
+                    self._sockets = sockets
+                    self._out_locks = [trio.StrictFIFOLock() for _ in sockets.outputs]
+                    task_status.started(self)
+                    try:
+                        async with trio.open_nursery() as nursery:
+                            for client, sock in enumerate(sockets.inputs):
+                                nursery.start_soon(self._input_loop, client, sock)
+                            nursery.start_soon(self._step_loop)
+                    finally:
+                        events.cancel_scope.cancel()
+                        if self._hard_killed:
+                            # A killed process's sockets are gone at once: none lingers to
+                            # deliver its queued messages (a lingering DEALER would reconnect
+                            # to a re-bound frontend socket with this engine's identity).
+                            for sock in (*sockets.inputs, *sockets.outputs):
+                                sock.close(linger_ms=0)
         self.dead.set()
+
+    def reset_prefix_cache(self) -> None:
+        """Drop the whole prefix cache (vLLM's ``reset_prefix_cache``): ``AllBlocksCleared``
+        is published at once."""
+        self.cache.reset()
+        self._publish_events()
+
+    def _publish_events(self) -> None:
+        events = self.cache.take_events()
+        if self.publisher is not None:
+            self.publisher.publish(events)
 
     # -- faults --------------------------------------------------------------------------
 
@@ -465,8 +532,13 @@ class MockEngine:
                 await self._push([b"\xc1\xc1garbage"])
                 continue
             self._step += 1
+            uncached = self._prefill()
+            if uncached and cfg.prefill_s_per_token > 0:
+                await trio.sleep(uncached * cfg.prefill_s_per_token)
             results: list[tuple[MockRequest, list[int], str | None, int | str | None]] = []
             for req in list(self.active.values()):
+                if req.cached_tokens is None:
+                    continue  # admitted during the prefill: prefilled next step
                 if (cfg.reject is not None and cfg.reject(req)) or req.n != 1:
                     results.append((req, [], "reject", None))
                     continue
@@ -486,6 +558,11 @@ class MockEngine:
                 if reason is not None:
                     self.active.pop(req.request_id, None)
                     self.finished.append(req.request_id)
+                    if reason in ("stop", "length") and req.generated:
+                        # The finished request's computed tokens stay cached (vLLM caches
+                        # full blocks as they fill; the last sampled token has no KV yet).
+                        self.cache.store(req.prompt_token_ids + req.generated[:-1])
+            self._publish_events()
             self._last_idle_sent = False
             if cfg.protocol == "vllm":
                 await self._send_vllm(results)
@@ -493,6 +570,20 @@ class MockEngine:
                 await self._send_ts(
                     [(r, t, "abort" if f == "reject" else f) for r, t, f, _ in results]
                 )
+
+    def _prefill(self) -> int:
+        """Look up and cache the prompts of the requests admitted since the last step; return
+        how many prompt tokens they had uncached (the prefill's work)."""
+        new = [req for req in self.active.values() if req.cached_tokens is None]
+        uncached = 0
+        cache = self.cache
+        hashes = [cache.hashes(req.prompt_token_ids) for req in new]
+        for req, h in zip(new, hashes, strict=True):  # all looked up before any is cached:
+            req.cached_tokens = cache.lookup(req.prompt_token_ids, h)  # a block is cached
+            uncached += len(req.prompt_token_ids) - req.cached_tokens  # once it is computed
+        for req, h in zip(new, hashes, strict=True):
+            cache.store(req.prompt_token_ids, h)
+        return uncached
 
     # -- output encoding -----------------------------------------------------------------
 
@@ -509,6 +600,7 @@ class MockEngine:
         for req in self.active.values():
             if req.lora is not None:
                 adapters[req.lora[0]] = adapters.get(req.lora[0], 0) + 1
+        pc = self.cache.take_stats()
         return {
             "num_running_reqs": running,
             "running_lora_adapters": adapters,
@@ -519,10 +611,10 @@ class MockEngine:
             "current_wave": self._current_wave,
             "kv_cache_usage": min(1.0, running / 128),
             "prefix_cache_stats": {
-                "reset": False,
-                "requests": 0,
-                "queries": 0,
-                "hits": 0,
+                "reset": pc.reset,
+                "requests": pc.requests,
+                "queries": pc.queries,
+                "hits": pc.hits,
                 "preempted_requests": 0,
                 "preempted_queries": 0,
                 "preempted_hits": 0,
@@ -589,9 +681,12 @@ class MockEngine:
         for req, toks, reason, stop in results:
             prefill = None
             if len(req.generated) == len(toks) and reason != "reject":
+                cached = req.cached_tokens or 0
                 prefill = vllm.PrefillStats(
                     num_prompt_tokens=len(req.prompt_token_ids),
-                    num_computed_tokens=len(req.prompt_token_ids),
+                    num_computed_tokens=len(req.prompt_token_ids) - cached,
+                    num_cached_tokens=cached,
+                    num_local_cached_tokens=cached,
                 )
             if reason in ("reject", "error"):
                 finished.append(req.request_id)
@@ -604,6 +699,8 @@ class MockEngine:
                     stop_reason=stop,
                     prefill_stats=prefill,
                     error=req.error if reason == "error" else None,
+                    # vLLM's scheduler echoes the request's trace context on its outputs
+                    trace_headers=getattr(req.raw, "trace_headers", None),
                 )
             )
         env = vllm.EngineCoreOutputs(
@@ -643,7 +740,7 @@ class MockEngine:
             finished_reasons=[f or "" for _, _, f in results],
             prompt_tokens=[len(r.prompt_token_ids) for r, _, _ in results],
             completion_tokens=[len(r.generated) for r, _, _ in results],
-            cached_tokens=[0 for _ in results],
+            cached_tokens=[r.cached_tokens or 0 for r, _, _ in results],
             output_token_logprobs_val=[
                 [-0.25 - 0.01 * (x % 7) for x in t] if r.logprobs is not None else []
                 for r, t, _ in results
@@ -664,68 +761,6 @@ class MockEngine:
         await self._push([payload])
 
 
-# -- command line ----------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m smg_trio mock-engine",
-        description="A mock vLLM/TokenSpeed engine rank that dials a gateway's handshake socket "
-        "and serves until SIGINT/SIGTERM.",
-    )
-    parser.add_argument(
-        "--handshake",
-        required=True,
-        metavar="tcp://HOST:PORT",
-        help="the gateway's handshake ROUTER address",
-    )
-    parser.add_argument("--protocol", choices=("vllm", "tokenspeed"), default="vllm")
-    parser.add_argument(
-        "--engine-index", type=int, default=0, help="DP rank index (the 2-byte identity)"
-    )
-    parser.add_argument(
-        "--step-ms", type=float, default=2.0, help="engine step period in ms (0 = flat out)"
-    )
-    parser.add_argument("--eos-token-id", type=int, default=None)
-    parser.add_argument(
-        "--enable-lora", action="store_true", help="vLLM's flag (the mock always serves LoRA)"
-    )
-    parser.add_argument("--max-loras", type=int, default=4, help="adapters held at once")
-    parser.add_argument("--max-lora-rank", type=int, default=16, help="the largest rank")
-    parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument(
-        "--data-parallel-size",
-        type=int,
-        default=1,
-        help="reported data_parallel_size; > 1 makes a lockstep (wave) group for vLLM",
-    )
-    parser.add_argument(
-        "--script",
-        metavar="FILE",
-        help="a JSON or TOML (.toml) file of rules that answer matching prompts with scripted "
-        "text or token ids (docs/mock.md); without it every prompt gets random tokens",
-    )
-    parser.add_argument(
-        "--model",
-        metavar="DIR",
-        help="the model directory whose tokenizer decodes prompts and encodes the script's text "
-        "(with --script; default: the generated tiny model serve --backend mock serves)",
-    )
-    parser.add_argument(
-        "--hello-after",
-        metavar="FILE",
-        help="load slowly: dial the gateway only once FILE exists, logging a WARNING while it "
-        "waits (a stand-in for a cold engine start, for startup-progress tests)",
-    )
-    parser.add_argument(
-        "--log-level",
-        default="WARNING",
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
-    )
-    return parser
-
-
 async def run_until_signal(engine: MockEngine) -> None:
     """Run ``engine`` until SIGINT/SIGTERM (or until it stops on its own)."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -742,81 +777,11 @@ async def run_until_signal(engine: MockEngine) -> None:
             nursery.cancel_scope.cancel()
 
 
-def _load_script_or_exit(
-    parser: argparse.ArgumentParser, path: str, model: str | None
-) -> MockScript:
-    """The compiled script, loaded before the engine dials (so no request waits on it); a bad
-    script or model directory is a usage error (exit 2)."""
-    from smg_trio.tokenizer import Tokenizer
-
-    try:
-        if model is None:
-            from smg_trio.mock.tiny_model import default_tiny_model_dir
-
-            model = str(default_tiny_model_dir())
-        tokenizer = Tokenizer.from_dir(model)
-    except (OSError, ValueError) as exc:
-        parser.error(f"--model {model}: cannot load its tokenizer: {exc}")
-    try:
-        return load_script(path, tokenizer)
-    except MockScriptError as exc:
-        parser.error(str(exc))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m smg_trio.mock.engine``: dial ``--handshake`` and serve until SIGINT or
-    SIGTERM; returns the exit status (0 on a signal)."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    if args.step_ms < 0:
-        log.error("--step-ms must be >= 0")
-        return 2
-    script = None
-    if args.script is not None:
-        script = _load_script_or_exit(parser, args.script, args.model)
-    elif args.model is not None:
-        parser.error("--model is the tokenizer of --script; give --script too")
-    config = MockEngineConfig(
-        protocol=args.protocol,
-        engine_index=args.engine_index,
-        step_s=args.step_ms / 1000.0,
-        eos_token_id=args.eos_token_id,
-        max_model_len=args.max_model_len,
-        data_parallel_size=args.data_parallel_size,
-        script=script,
-        max_loras=args.max_loras,
-        max_lora_rank=args.max_lora_rank,
-    )
-    engine = MockEngine(args.handshake, config)
-    log.info("mock %s engine %d dialing %s", config.protocol, config.engine_index, args.handshake)
-    trio.run(_run_after, engine, args.hello_after)
-    return 0
+    """``python -m smg_trio.mock.engine`` (:func:`smg_trio.mock.cli.main`)."""
+    from smg_trio.mock.cli import main as cli_main
 
-
-async def _run_after(engine: MockEngine, hello_after: str | None) -> None:
-    """Wait for ``hello_after`` to exist (if given), then :func:`run_until_signal`."""
-    if hello_after is not None:
-        log.warning("mock engine: loading slowly, until %s exists", hello_after)
-        loaded = False
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
-
-                async def stop_on_signal() -> None:
-                    async for _ in signals:
-                        nursery.cancel_scope.cancel()
-
-                nursery.start_soon(stop_on_signal)
-                # another process creates the file: there is no event to wait on, so poll
-                while not await trio.Path(hello_after).exists():  # noqa: ASYNC110
-                    await trio.sleep(0.05)
-                loaded = True
-                nursery.cancel_scope.cancel()
-        if not loaded:
-            return
-    await run_until_signal(engine)
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ class MockUtility:
     on_pause: Callable[[str], None] | None = None
     #: The LoRA adapters (add_lora, remove_lora, list_loras, pin_lora).
     loras: MockLoras = attrs.field(factory=MockLoras)
+    #: Called when the prefix cache is dropped (``reset_prefix_cache``, a pause that clears it).
+    on_reset_cache: Callable[[], None] | None = None
 
     @property
     def holding(self) -> bool:
@@ -73,8 +75,13 @@ class MockUtility:
     def _u_reset_prefix_cache(
         self, reset_running_requests: bool = False, reset_connector: bool = False
     ) -> bool:
-        self.prefix_cache_resets += 1
+        self._reset_cache()
         return True
+
+    def _reset_cache(self) -> None:
+        self.prefix_cache_resets += 1
+        if self.on_reset_cache is not None:
+            self.on_reset_cache()
 
     def _u_get_supported_tasks(self) -> tuple[str, ...]:
         return self.supported_tasks
@@ -86,7 +93,7 @@ class MockUtility:
         if self.on_pause is not None:
             self.on_pause(mode)
         if clear_cache and mode != "keep":
-            self.prefix_cache_resets += 1
+            self._reset_cache()
 
     def _u_resume_scheduler(self) -> None:
         self.paused = False
@@ -95,9 +102,10 @@ class MockUtility:
         return self.paused
 
     def _u_sleep(self, level: int = 1, mode: str = "abort") -> None:
+        # vLLM pauses the scheduler first: an executor that then refuses leaves it paused
+        self._u_pause_scheduler(mode, clear_cache=level >= 1)
         if not self.sleep_mode:
             raise ValueError("Sleep mode is not enabled")
-        self._u_pause_scheduler(mode, clear_cache=level >= 1)
         if level >= 1:
             self.sleeping_tags |= {"weights", "kv_cache"}
 

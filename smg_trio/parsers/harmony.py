@@ -66,17 +66,48 @@ Event = tuple[str, "str | Header"]
 _OUTSIDE, _HEADER, _BODY = 0, 1, 2
 
 
-def _first(buf: str, markers: tuple[str, ...]) -> tuple[int, str]:
-    best, found = -1, ""
-    for m in markers:
-        i = buf.find(m)
-        if i >= 0 and (best < 0 or i < best):
-            best, found = i, m
-    return best, found
+class _Finder:
+    """Marker positions in one buffer walked forward: the next occurrence of each marker is
+    searched for once and reused until the walk passes it (none left is remembered too), so
+    each marker costs one scan of the buffer however many events it is asked for."""
+
+    __slots__ = ("buf", "next")
+
+    def __init__(self, buf: str) -> None:
+        self.buf = buf
+        self.next: dict[str, int] = {}
+
+    def find(self, marker: str, start: int) -> int:
+        """The first position of ``marker`` at or after ``start`` (-1: none)."""
+        i = self.next.get(marker)
+        if i is None or 0 <= i < start:
+            i = self.next[marker] = self.buf.find(marker, start)
+        return i
+
+    def first(self, markers: tuple[str, ...], start: int) -> tuple[int, str]:
+        """The earliest of ``markers`` at or after ``start`` (``(-1, "")``: none)."""
+        best, found = -1, ""
+        for m in markers:
+            i = self.find(m, start)
+            if i >= 0 and (best < 0 or i < best):
+                best, found = i, m
+        return best, found
+
+
+def _held_len(prefixes: PrefixIndex, buf: str, start: int) -> int:
+    """``prefixes.partial_suffix_len`` of ``buf[start:]``, without copying a long tail."""
+    if len(buf) - start <= prefixes.max_len:
+        return prefixes.partial_suffix_len(buf[start:])
+    return prefixes.partial_suffix_len(buf)
 
 
 class HarmonySplitter:
-    """Streaming harmony splitter: :meth:`push` yields events as text completes them."""
+    """Streaming harmony splitter: :meth:`push` yields events as text completes them.
+
+    Linear in the text in every feeding pattern: the text is walked by index (no slicing of
+    what remains after each event), each marker's next position is found once
+    (:class:`_Finder`), and what is held between pieces is a partial marker or a header of
+    at most ``MAX_HEADER_CHARS`` (issue 28 item 7)."""
 
     __slots__ = ("_held", "_state")
 
@@ -88,48 +119,53 @@ class HarmonySplitter:
         self._held = ""
 
     def push(self, text: str) -> Iterator[tuple[str, str | Header]]:
-        buf = self._held + text
+        buf = self._held + text if self._held else text
         self._held = ""
-        while buf:
+        at, n = 0, len(buf)
+        marks = _Finder(buf)
+        while at < n:
             if self._state == _OUTSIDE:
-                i, _ = _first(buf, _OPENERS)
+                i, _ = marks.first(_OPENERS, at)
                 if i < 0:
-                    cut = len(buf) - self._open_prefixes.partial_suffix_len(buf)
-                    if cut:
-                        yield "text", buf[:cut]
+                    cut = n - _held_len(self._open_prefixes, buf, at)
+                    if cut > at:
+                        yield "text", buf[at:cut]
                     self._held = buf[cut:]
                     return
-                if i:
-                    yield "text", buf[:i]
-                buf = buf[i:]
+                if i > at:
+                    yield "text", buf[at:i]
+                at = i
                 self._state = _HEADER
             elif self._state == _HEADER:
-                i = buf.find(MESSAGE)
-                # not a header (plain text after all) once <|message|> cannot start within
-                # the cap: decided on the text alone, so streamed and whole agree
-                if i > MAX_HEADER_CHARS or (i < 0 and len(buf) >= MAX_HEADER_CHARS + len(MESSAGE)):
+                # <|message|> within the cap; not a header (plain text after all) once it
+                # cannot start within the cap: decided on the text alone, so streamed and
+                # whole agree
+                i = marks.find(MESSAGE, at)
+                if i - at > MAX_HEADER_CHARS or (
+                    i < 0 and n - at >= MAX_HEADER_CHARS + len(MESSAGE)
+                ):
                     self._state = _OUTSIDE
-                    yield "text", buf[:1]
-                    buf = buf[1:]
+                    yield "text", buf[at]
+                    at += 1
                     continue
                 if i < 0:
-                    self._held = buf
+                    self._held = buf[at:]
                     return
-                yield "header", Header.parse(buf[: i + len(MESSAGE)])
-                buf = buf[i + len(MESSAGE) :]
+                yield "header", Header.parse(buf[at : i + len(MESSAGE)])
+                at = i + len(MESSAGE)
                 self._state = _BODY
             else:
-                i, term = _first(buf, _TERMINATORS)
+                i, term = marks.first(_TERMINATORS, at)
                 if i < 0:
-                    cut = len(buf) - self._term_prefixes.partial_suffix_len(buf)
-                    if cut:
-                        yield "body", buf[:cut]
+                    cut = n - _held_len(self._term_prefixes, buf, at)
+                    if cut > at:
+                        yield "body", buf[at:cut]
                     self._held = buf[cut:]
                     return
-                if i:
-                    yield "body", buf[:i]
+                if i > at:
+                    yield "body", buf[at:i]
                 yield "end", term
-                buf = buf[i + len(term) :]
+                at = i + len(term)
                 self._state = _OUTSIDE
 
     def finish(self) -> Iterator[tuple[str, str | Header]]:

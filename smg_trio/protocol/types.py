@@ -115,6 +115,10 @@ class EngineBatch(msgspec.Struct, gc=False):
     wave_complete: int | None = None
     start_wave: int | None = None
     utility: UtilityReply | None = None
+    #: The engine's prefix cache counters of this step, when it reported them (vLLM's
+    #: ``PrefixCacheStats``: prompt tokens looked up, and of those found cached).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 class StructuredOutputs(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -197,6 +201,12 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     priority: int = 0
     #: The LoRA adapter the request names (``model`` = an adapter), else the base model.
     lora: LoraRequest | None = None
+    #: W3C ``traceparent``/``tracestate`` of the gateway's request span (tracing on only).
+    trace_headers: dict[str, str] | None = None
+    #: The DP rank the routing policy chose (``cache_aware``: the rank holding the prompt's
+    #: prefix): the connector takes it unless ``data_parallel_rank`` pins one or that rank is
+    #: down. Gateway-side only, never sent to the engine.
+    rank_hint: int | None = None
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):

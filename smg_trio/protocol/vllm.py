@@ -117,6 +117,14 @@ class PrefillStats(msgspec.Struct, gc=False):
     num_cache_creation_tokens: int = 0
 
 
+class PrefixCacheStats(msgspec.Struct, gc=False):
+    """``prefix_cache_stats`` of the scheduler stats: one step's prompt tokens looked up in
+    the prefix cache (``queries``) and found there (``hits``); other keys are skipped."""
+
+    queries: int = 0
+    hits: int = 0
+
+
 class SchedulerStats(msgspec.Struct, gc=False):
     """``scheduler_stats`` map, decoded leniently: only the load fields are modelled, every
     other key (there are many, and they change between versions) is skipped. Waiting counts
@@ -127,6 +135,7 @@ class SchedulerStats(msgspec.Struct, gc=False):
     num_waiting_reqs: int
     kv_cache_usage: float
     num_skipped_waiting_reqs: int = 0
+    prefix_cache_stats: PrefixCacheStats | None = None
 
 
 class RequestError(msgspec.Struct, gc=False):
@@ -284,7 +293,7 @@ def decode_outputs(frames: Frames) -> EngineBatch:
         )
     )
     outputs = [_output(o, frames) for o in env.outputs]
-    return EngineBatch(
+    batch = EngineBatch(
         env.engine_index,
         outputs,
         env.finished_requests or [],
@@ -293,6 +302,11 @@ def decode_outputs(frames: Frames) -> EngineBatch:
         env.start_wave,
         None if env.utility_output is None else decode_utility_output(env.utility_output),
     )
+    pcs = None if stats is None else stats.prefix_cache_stats
+    if pcs is not None:
+        batch.prefix_cache_queries = pcs.queries
+        batch.prefix_cache_hits = pcs.hits
+    return batch
 
 
 def _structured(so: StructuredOutputs) -> dict[str, Any]:
@@ -410,6 +424,7 @@ class VllmProtocol:
             client_index=self.client_index,
             priority=request.priority,
             lora_request=request.lora,
+            trace_headers=request.trace_headers,
         )
         return [ADD, encoder.encode(wire)]
 

@@ -13,6 +13,8 @@ import trio
 
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.app import create_app, serve_http
+from smg_trio.gateway.http.tenants import SharedLedger, TenantGate, load_tenants
+from smg_trio.gateway.http.tracing import Tracing, open_tracing
 from smg_trio.gateway.openai.errors import ApiError
 from smg_trio.serve.admin import admin_blueprint
 from smg_trio.serve.admin_schema import ADMIN_OPERATIONS
@@ -21,7 +23,7 @@ from smg_trio.serve.commands import (
     build_engine_command,
     reject_handshake_collisions,
 )
-from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
+from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig, cache_aware_config
 from smg_trio.serve.control import CONTROL_SOCKET, control_app
 from smg_trio.serve.discovery import DiscoveryWatcher
 from smg_trio.serve.engine_control import add_engine_control_routes
@@ -116,7 +118,29 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         fast_http1=config.fast_http1,
         tool_call_parser=config.tool_call_parser,
         enable_auto_tool_choice=config.enable_auto_tool_choice,
+        enable_prompt_tokens_details=config.enable_prompt_tokens_details,
     )
+
+
+async def start_tracing(
+    config: GatewayConfig, nursery: trio.Nursery, process: str
+) -> Tracing | None:
+    """``--otlp-traces-endpoint``'s tracer, its export task started in ``nursery`` (``None``
+    without the flag). Raises ``TracingUnavailable`` without OpenTelemetry."""
+    if config.otlp_traces_endpoint is None:
+        return None
+    tracing = open_tracing(config.otlp_traces_endpoint, process=process)
+    if tracing is not None:
+        await nursery.start(tracing.run)
+        log.info("tracing: spans go to %s", tracing.endpoint)
+    return tracing
+
+
+def tenant_gate(config: GatewayConfig, shared: SharedLedger | None = None) -> TenantGate | None:
+    """The tenants of ``--api-keys-file`` and ``--tenant-api-key`` (read now), or ``None``;
+    ``shared``: the frontends' common ledger. Raises ``TenantsError``."""
+    table = load_tenants(config.api_keys_file, config.tenant_api_keys)
+    return None if table is None else TenantGate(table, shared)
 
 
 def _confinement(config: GatewayConfig) -> WorkerConfinement:
@@ -367,6 +391,7 @@ async def _serve_in(
         manager = WorkerManager(
             nursery,
             policy=config.policy,
+            cache=cache_aware_config(config),
             ready_timeout_s=config.worker_startup_timeout_s,
             silence_timeout_s=config.engine_silence_timeout_s,
             confinement=_confinement(config),
@@ -378,6 +403,7 @@ async def _serve_in(
                 advertise_host=config.zmq_advertise_host,
                 heartbeat_ivl_s=config.zmq_heartbeat_interval_s,
                 heartbeat_timeout_s=config.zmq_heartbeat_timeout_s,
+                allowed_uids=config.allowed_engine_uids,
             ),
         )
         registered: set[str] = set()
@@ -445,7 +471,14 @@ async def _serve_in(
                 partial(serve_http, control, bind=f"unix:{os.path.join(run_dir, CONTROL_SOCKET)}")
             )
         else:
-            app = create_app(manager, _http_config(config), operations=ADMIN_OPERATIONS)
+            tracing = await start_tracing(config, nursery, "gateway")
+            app = create_app(
+                manager,
+                _http_config(config),
+                operations=ADMIN_OPERATIONS,
+                tracing=tracing,
+                tenants=tenant_gate(config),
+            )
             app.register_blueprint(admin)
             binds: list[str] = await nursery.start(serve_http, app, config.host, config.port)
             host, _, port_text = binds[0].removeprefix("http://").rpartition(":")

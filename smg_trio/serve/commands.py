@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -17,10 +18,13 @@ __all__ = [
     "build_engine_command",
     "default_socket_dir",
     "filter_owned_flags",
+    "kv_events_config",
     "reject_handshake_collisions",
     "tokenspeed_dist_port",
     "worker_url",
 ]
+
+log = logging.getLogger(__name__)
 
 #: TokenSpeed derives its control-plane ports from ``--port`` (``ZMQ_TCP_PORT_DELTA``).
 _TS_PORT_DELTA = 233
@@ -48,6 +52,16 @@ def worker_url(port: int, socket_dir: str | None = None) -> str:
     return f"ipc://{socket_dir or default_socket_dir()}/engine-{port}"
 
 
+def kv_events_config(url: str) -> str:
+    """The ``--kv-events-config`` ``serve`` gives the engine of worker ``url``: vLLM's zmq
+    publisher on ``<url>-kv.sock`` beside the worker's data-plane sockets (the engine binds an
+    ``ipc://`` endpoint; subscribers connect), no replay socket."""
+    return json.dumps(
+        {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"{url}-kv.sock"},
+        separators=(",", ":"),
+    )
+
+
 def tokenspeed_dist_port(port: int) -> int:
     """TokenSpeed's ``--dist-init-addr`` port: ``port + 233`` (or ``- 233`` above 65535),
     moved out of the 20000..29999 handshake band."""
@@ -68,6 +82,15 @@ def _flag_value(args: Sequence[str], flag: str) -> str | None:
 
 def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def _wants_kv_events(engine_args: Sequence[str]) -> bool:
+    """Whether serve gives the engine its KV events config: not when the operator passed
+    their own, nor with prefix caching off (nothing to publish; vLLM warns)."""
+    return not (
+        _has_flag(engine_args, "--kv-events-config")
+        or _has_flag(engine_args, "--no-enable-prefix-caching")
+    )
 
 
 def filter_owned_flags(args: Sequence[str], owned: Sequence[str]) -> list[str]:
@@ -126,6 +149,9 @@ def build_engine_command(
     """The engine command for one worker on ``port``.
 
     ``backend`` is ``vllm`` (``vllm serve --headless`` dialing the derived handshake port),
+    with KV cache events published on ``<url>-kv.sock`` (:func:`kv_events_config`) unless
+    ``engine_args`` has its own ``--kv-events-config`` or ``--no-enable-prefix-caching``, or
+    the engine has several DP ranks,
     ``tokenspeed`` (``tokenspeed.cli serve --headless``) or ``mock`` (our mock engine over the
     vLLM wire; ``mock_script`` becomes its ``--script``, with ``model`` as the tokenizer).
     Raises ``ValueError`` for a backend without a ZMQ wire, or a ``mock_script`` for another
@@ -146,6 +172,19 @@ def build_engine_command(
             "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", hs_port,
             *filter_owned_flags(engine_args, _VLLM_OWNED),
         ]  # fmt: skip
+        if _wants_kv_events(engine_args):
+            if n == 1:
+                argv += ["--kv-events-config", kv_events_config(url)]
+            else:
+                # vLLM offsets the endpoint by DP rank, which it refuses for ipc://; a
+                # loopback tcp endpoint would make each rank CONNECT (vLLM binds only a
+                # wildcard), and a wildcard would listen on every interface.
+                log.info(
+                    "KV cache events stay off for %s: vLLM cannot give each of its %d DP "
+                    "ranks an ipc:// endpoint (pass --kv-events-config after -- to choose one)",
+                    url,
+                    n,
+                )
         return EngineLaunch(url, argv, n, env)
     if backend == "tokenspeed":
         n = int(_flag_value(engine_args, "--data-parallel-size") or 1)
@@ -166,6 +205,8 @@ def build_engine_command(
             py, "-m", "smg_trio.mock.engine", "--handshake", addrs.handshake,
             *engine_args,
         ]  # fmt: skip
+        if _wants_kv_events(engine_args):
+            argv += ["--kv-events-config", kv_events_config(url)]
         if mock_script is not None:
             argv += ["--script", os.path.abspath(mock_script), "--model", model]
         return EngineLaunch(url, argv, 1, env)

@@ -19,6 +19,7 @@ from smg_trio.gateway.config import (
     DEFAULT_WRITE_TIMEOUT_S,
 )
 from smg_trio.lora import LoraModule
+from smg_trio.routing.cache_aware import CacheAwareConfig
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.tcp import DEFAULT_HEARTBEAT_IVL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from smg_trio.worker.jobs import DEFAULT_JOB_TTL_S, DEFAULT_MAX_FINISHED_JOBS
@@ -30,6 +31,7 @@ __all__ = [
     "DEFAULT_WORKER_BASE_PORT",
     "EngineLaunchConfig",
     "GatewayConfig",
+    "cache_aware_config",
 ]
 
 # The defaults below and those imported above are the CLI's too (smg_trio/cli.py reads them).
@@ -80,6 +82,8 @@ class GatewayConfig:
     - ``allowed_engine_hosts``: besides loopback and the host of ``zmq_handshake_address``
       (or of a ``tcp://`` worker URL), hosts a worker's handshake address or tcp URL may bind,
       and the addresses a ``tcp://`` worker's engines may connect from.
+    - ``allowed_engine_uids``: the uids a ``tcp://`` worker's engines on this host may connect
+      as (``None``: root and the gateway's own).
     - ``zmq_advertise_host``, ``zmq_heartbeat_interval_s``, ``zmq_heartbeat_timeout_s``: a
       ``tcp://`` worker's advertised host and ZMTP heartbeats
       (:class:`~smg_trio.transport.tcp.TcpOptions`).
@@ -104,11 +108,24 @@ class GatewayConfig:
     zmq_engine_count: int = 1
     zmq_handshake_address: str | None = None
     policy: str = DEFAULT_POLICY
+    #: ``cache_aware``'s knobs (smg's flags and defaults; see docs/routing.md).
+    cache_threshold: float = 0.3
+    balance_abs_threshold: float = 64.0
+    balance_rel_threshold: float = 1.5
+    block_size: int = 16
+    max_tree_size: int = 1 << 26
+    eviction_interval_s: float = 120.0
     api_key: str | None = None
     admin_api_key: str | None = None
+    #: Tenants (docs/security.md#tenants): ``--api-keys-file`` and ``--tenant-api-key``.
+    api_keys_file: str | None = None
+    tenant_api_keys: tuple[str, ...] = attrs.field(default=(), repr=False)
+    #: ``--otlp-traces-endpoint``: export request spans there (docs/observability.md).
+    otlp_traces_endpoint: str | None = None
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    enable_prompt_tokens_details: bool = False
     max_n: int = DEFAULT_MAX_N
     responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE
     max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST
@@ -131,6 +148,7 @@ class GatewayConfig:
     allow_insecure_admin: bool = False
     allowed_socket_dirs: tuple[str, ...] = ()
     allowed_engine_hosts: tuple[str, ...] = ()
+    allowed_engine_uids: tuple[int, ...] | None = None
     zmq_advertise_host: str | None = None
     zmq_heartbeat_interval_s: float = DEFAULT_HEARTBEAT_IVL_S
     zmq_heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
@@ -144,3 +162,15 @@ class GatewayConfig:
     #: ``--api-server-count``: HTTP frontend processes; above 1, ``serve`` is their supervisor
     #: (docs/multi-frontend.md).
     api_server_count: int = 1
+
+
+def cache_aware_config(config: GatewayConfig) -> CacheAwareConfig:
+    """``cache_aware``'s knobs from the gateway config."""
+    return CacheAwareConfig(
+        cache_threshold=config.cache_threshold,
+        balance_abs_threshold=config.balance_abs_threshold,
+        balance_rel_threshold=config.balance_rel_threshold,
+        block_size=config.block_size,
+        max_tree_size=config.max_tree_size,
+        eviction_interval_secs=config.eviction_interval_s,
+    )

@@ -26,6 +26,7 @@ __all__ = [
     "FRONTEND_BEATS",
     "FRONTEND_READY",
     "RESPONSES_STORE",
+    "TENANTS",
     "TABLE_POLL_S",
     "ControlClient",
     "admin_proxy_blueprint",
@@ -45,6 +46,8 @@ CONTROL_SOCKET = "control.sock"
 FRONTEND_BEATS = 4
 #: The Responses API's store shared by the frontends, in the run directory.
 RESPONSES_STORE = "responses.sqlite3"
+#: The tenants' shared ledger (``gateway/http/tenants.py``), in the run directory.
+TENANTS = "tenants"
 #: How long one table long-poll waits for a change before it answers unchanged.
 TABLE_POLL_S = 10.0
 #: The admin routes a frontend forwards to the supervisor (Quart rules).

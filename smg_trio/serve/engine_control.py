@@ -180,16 +180,23 @@ async def _hold(
 ) -> None:
     """Take ``workers`` out of routing, then call ``method`` (sleep, pause) on their engines,
     so that no request is routed to an engine that is pausing. A worker whose every engine
-    refused is put back as it was; one that did not answer stays held (``/is_sleeping`` and
-    ``/is_paused`` read the engines' own state back)."""
+    refused is put back as it was, unless its engines say they are paused after all (vLLM's
+    ``sleep`` pauses the scheduler before the executor refuses); one that did not answer stays
+    held (``/is_sleeping`` and ``/is_paused`` read the engines' own state back)."""
     before = {w.worker_id: w.held for w in workers}
     for worker in workers:
         if worker.held is None or held == "sleeping":
             worker.held = held
     answers = await call_engines(workers, method, args, bound_s)
-    for worker in workers:
-        if all(a.error is not None for a in answers if a.worker is worker):
-            worker.held = before[worker.worker_id]
+    refused = [w for w in workers if all(a.error is not None for a in answers if a.worker is w)]
+    if refused:
+        try:
+            probe = await call_engines(refused, "is_sleeping", (), bound_s)
+        except ApiError:
+            probe = [_Answer(w, -1, True) for w in refused]  # no word: keep them held
+        for worker in refused:
+            if not any(a.error is None and a.result for a in probe if a.worker is worker):
+                worker.held = before[worker.worker_id]
     _check(answers)
 
 

@@ -20,14 +20,16 @@ import trio
 from quart_trio import QuartTrio
 
 from smg_trio.gateway.http.app import create_app, gateway_of, serve_http
+from smg_trio.gateway.http.tenants import SharedLedger
 from smg_trio.logfmt import setup_logging
 from smg_trio.serve.admin_schema import ADMIN_OPERATIONS
-from smg_trio.serve.config import GatewayConfig
+from smg_trio.serve.config import GatewayConfig, cache_aware_config
 from smg_trio.serve.control import (
     CONTROL_SOCKET,
     FRONTEND_BEATS,
     FRONTEND_READY,
     RESPONSES_STORE,
+    TENANTS,
     ControlClient,
     admin_proxy_blueprint,
 )
@@ -173,7 +175,13 @@ async def run_frontend(
     """Serve as frontend ``index`` (1..``count``) until SIGTERM/SIGINT (drain, then stop);
     ``beats``: the supervisor's heartbeat pipe, if it watches for a stall."""
     from smg_trio.gateway.openai.errors import ApiError
-    from smg_trio.serve import DRAIN_FLUSH_S, _confinement, _http_config
+    from smg_trio.serve import (
+        DRAIN_FLUSH_S,
+        _confinement,
+        _http_config,
+        start_tracing,
+        tenant_gate,
+    )
 
     shared = SharedLoad(os.path.join(run_dir, "load"), count, index - 1)
     control = ControlClient(os.path.join(run_dir, CONTROL_SOCKET))
@@ -190,6 +198,7 @@ async def run_frontend(
                 shared=shared,
                 report_unresponsive=control.report_unresponsive,
                 policy=config.policy,
+                cache=cache_aware_config(config),
                 ready_timeout_s=config.worker_startup_timeout_s,
                 silence_timeout_s=config.engine_silence_timeout_s,
                 confinement=load_confinement(run_dir) or _confinement(config),
@@ -200,7 +209,14 @@ async def run_frontend(
                 _http_config(config),
                 responses_store_path=os.path.join(run_dir, RESPONSES_STORE),
             )
-            app = create_app(manager, http_config, operations=ADMIN_OPERATIONS)
+            tracing = await start_tracing(config, nursery, f"frontend-{index}")
+            # the tenants' limits hold for every frontend together: one ledger in the run dir
+            tenants = tenant_gate(
+                config, SharedLedger(os.path.join(run_dir, TENANTS), count, index - 1)
+            )
+            app = create_app(
+                manager, http_config, operations=ADMIN_OPERATIONS, tracing=tracing, tenants=tenants
+            )
             app.register_blueprint(admin_proxy_blueprint(control))
             # serve_http takes any ASGI app that carries the gateway's extensions
             asgi = cast(QuartTrio, _FrontendAsgi(app, run_dir, index, count, local=False))

@@ -24,6 +24,10 @@ SAME_VIEW_GAUGES = frozenset(
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         "vllm:kv_cache_usage_perc",
+        # every frontend indexes the same engines' KV events
+        "smg_kv_index_blocks",
+        "smg_kv_index_from_events",
+        "smg_kv_events_lag_seconds",
     }
 )
 

@@ -24,11 +24,12 @@ import attrs
 import trio
 
 from smg_trio.gateway.http.app import listen_backlog
+from smg_trio.gateway.http.tenants import create_ledger_file, load_tenants
 from smg_trio.gateway.openai.responses_shared import create_shared_store
 from smg_trio.logfmt import root_log_format
 from smg_trio.protocol.addresses import client_data_plane
 from smg_trio.serve.config import GatewayConfig
-from smg_trio.serve.control import FRONTEND_BEATS, FRONTEND_READY, RESPONSES_STORE
+from smg_trio.serve.control import FRONTEND_BEATS, FRONTEND_READY, RESPONSES_STORE, TENANTS
 from smg_trio.transport.sockdir import ensure_ipc_socket_dir
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager
@@ -128,6 +129,9 @@ class FrontendGroup:
         self.manager: WorkerManager | None = None
         create_shared_load(os.path.join(run_dir, "load"), count)
         create_shared_store(os.path.join(run_dir, RESPONSES_STORE))
+        tenants = load_tenants(config.api_keys_file, config.tenant_api_keys)
+        if tenants is not None:
+            create_ledger_file(os.path.join(run_dir, TENANTS), len(tenants.tenants), count)
         #: The frontends' in-flight counts (read-only): a worker removal drains them.
         self.load = SharedLoad(os.path.join(run_dir, "load"), count, None)
         doc = {

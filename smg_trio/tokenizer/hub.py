@@ -38,7 +38,12 @@ _HUB_ID = re.compile(rf"{_PART}/{_PART}")
 
 
 class HubModelError(ValueError):
-    """A hub id that cannot be resolved; the message says what to do."""
+    """A hub id that cannot be resolved; the message says what to do. ``public`` is the
+    same without the gateway's paths (the hub cache's), for an answer to an API client."""
+
+    def __init__(self, message: str, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = message if public is None else public
 
 
 def hf_hub_cache() -> str:
@@ -122,15 +127,20 @@ def resolve_hub_model(
     except OSError as exc:
         raise HubModelError(
             f"model {repo_id!r}{at}: its entry in the Hugging Face cache ({cache}) could not "
-            f"be read ({exc.strerror or exc})"
+            f"be read ({exc.strerror or exc})",
+            f"model {repo_id!r}{at}: its entry in the Hugging Face cache could not be read",
         ) from exc
     if path is None:
         if hub_offline() or not allow_download:
             why = "HF_HUB_OFFLINE is set" if hub_offline() else "it is not fetched from here"
-            raise HubModelError(
-                f"model {repo_id!r}{at} is not in the Hugging Face cache ({cache}) and {why}; "
+            hint = (
                 f"fetch it first: `{_fetch_hint(repo_id, revision)}` (with HF_HOME set as "
                 "here), or pass a local model directory"
+            )
+            raise HubModelError(
+                f"model {repo_id!r}{at} is not in the Hugging Face cache ({cache}) and {why}; "
+                + hint,
+                f"model {repo_id!r}{at} is not in the Hugging Face cache and {why}; " + hint,
             )
         if progress is not None:
             progress(

@@ -13,10 +13,12 @@ from smg_trio.errors import SocketDirError
 from smg_trio.protocol.addresses import ipc_path
 
 __all__ = [
+    "SOCKET_MODE",
     "SUN_PATH_MAX",
     "check_ipc_path",
     "default_socket_dir",
     "ensure_ipc_socket_dir",
+    "restrict_socket_file",
     "unlink_stale_socket",
 ]
 
@@ -27,6 +29,9 @@ logger = logging.getLogger(__name__)
 SUN_PATH_MAX: Final = 107
 
 _DIR_MODE: Final = 0o700
+#: The mode of a bound ipc socket file, whatever the umask (libzmq creates it ``0777 & ~umask``,
+#: world-connectable under ``umask 000``).
+SOCKET_MODE: Final = 0o600
 
 
 def default_socket_dir() -> str:
@@ -43,10 +48,12 @@ def ensure_ipc_socket_dir(directory: str | os.PathLike[str]) -> None:
     - each parent is owned by root or the effective uid and is not group- or world-writable,
       unless it has the sticky bit (``/tmp``): there only a child's owner can rename it;
     - the directory itself is owned by the effective uid and is not group- or world-writable
-      (so ``/tmp`` itself is refused).
+      (so ``/tmp`` itself is refused); one that is group- or world-readable or searchable
+      (``0755``: others could reach its sockets) is ``chmod``-ed to ``0700``, with a warning.
 
     A missing component is created with mode ``0700`` at ``mkdir`` time (no window in which it
-    is world-accessible), only once its parent passed. An existing directory is never
+    is world-accessible) and ``chmod``-ed to exactly ``0700`` (the umask cannot narrow it into
+    a directory we cannot use), only once its parent passed. An existing parent is never
     ``chmod``-ed.
 
     Raises:
@@ -63,12 +70,45 @@ def ensure_ipc_socket_dir(directory: str | os.PathLike[str]) -> None:
             try:
                 st = os.lstat(current)
             except FileNotFoundError:
+                created = False
                 with contextlib.suppress(FileExistsError):  # created concurrently: checked below
                     os.mkdir(current, _DIR_MODE)
+                    created = True
+                if created:
+                    os.chmod(current, _DIR_MODE)
                 st = os.lstat(current)
-            _check_component(current, st, path, leaf=i == len(parts) - 1)
+            leaf = i == len(parts) - 1
+            _check_component(current, st, path, leaf=leaf)
+            if leaf:
+                _make_private(current, st)
     except OSError as exc:
         raise SocketDirError(f"cannot prepare ipc socket directory {path!r}: {exc}") from exc
+
+
+def _make_private(path: str, st: os.stat_result) -> None:
+    """``chmod 0700`` the socket directory (ours, and checked not group- or world-writable)
+    if others may read or search it: they could connect to its sockets."""
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        logger.warning(
+            "ipc socket directory %r had mode %04o (others could reach its sockets); "
+            "set it to 0700",
+            path,
+            mode,
+        )
+        os.chmod(path, _DIR_MODE)
+
+
+def restrict_socket_file(path: str) -> None:
+    """Give a socket file this process just bound mode ``0600``, whatever the umask.
+
+    Raises:
+        SocketDirError: it cannot be changed.
+    """
+    try:
+        os.chmod(path, SOCKET_MODE)
+    except OSError as exc:
+        raise SocketDirError(f"cannot set the mode of ipc socket {path!r}: {exc}") from exc
 
 
 def _check_component(current: str, st: os.stat_result, path: str, *, leaf: bool) -> None:

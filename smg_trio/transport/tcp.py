@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import os
 import socket
 from collections.abc import Iterable
 
@@ -55,6 +56,9 @@ class TcpOptions:
     - ``allowed_hosts``/``allow_loopback``: the peer addresses (IPs, lower case) an engine may
       connect from; any other peer is refused at the handshake (logged) and its connections
       are shut down.
+    - ``allowed_uids``: a peer on this host (loopback, or any of its addresses) must also
+      connect from a socket owned by one of these uids (``None``: root and the gateway's
+      effective uid); see :mod:`smg_trio.transport.peer_guard`.
     """
 
     advertise_host: str | None = None
@@ -62,6 +66,12 @@ class TcpOptions:
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     allowed_hosts: tuple[str, ...] = attrs.field(default=(), converter=_hosts)
     allow_loopback: bool = True
+    allowed_uids: tuple[int, ...] | None = None
+
+    def uid_allowed(self, uid: int) -> bool:
+        """Whether a peer socket on this host owned by ``uid`` may be an engine's."""
+        allowed = self.allowed_uids if self.allowed_uids is not None else (0, os.geteuid())
+        return uid in allowed
 
     def peer_allowed(self, host: str) -> bool:
         """Whether an engine may connect from ``host`` (an IP address)."""

@@ -17,7 +17,13 @@ import zmq
 from smg_trio.errors import EngineError, SocketDirError
 from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.transport.monitor import INPUT_MONITOR_EVENTS, ConnectionMonitor
-from smg_trio.transport.sockdir import check_ipc_path, ensure_ipc_socket_dir, unlink_stale_socket
+from smg_trio.transport.peer_guard import PeerGuard, open_peer_guard
+from smg_trio.transport.sockdir import (
+    check_ipc_path,
+    ensure_ipc_socket_dir,
+    restrict_socket_file,
+    unlink_stale_socket,
+)
 from smg_trio.transport.tcp import TcpOptions, advertised, configure_heartbeat
 from smg_trio.transport.zsocket import ZmqSocket, zmq_context
 
@@ -98,9 +104,11 @@ def _bind(
     address: str,
     role: str,
     configure: Callable[[zmq.Socket[bytes]], None],
+    context: zmq.Context[zmq.Socket[bytes]] | None = None,
 ) -> tuple[ZmqSocket, str]:
-    """Create, configure and bind one socket; register its close on ``stack``."""
-    sock = zmq_context().socket(socket_type)
+    """Create (in ``context``, default the process's), configure and bind one socket;
+    register its close on ``stack``."""
+    sock = (context or zmq_context()).socket(socket_type)
     stack.callback(sock.close, 0)  # a no-op after wrapped.close(); covers a failing wrap
     wrapped = ZmqSocket(sock)
     stack.callback(wrapped.close)
@@ -176,7 +184,7 @@ def _monitor(
     # bound (EADDRINUSE).
     address = f"inproc://smg-input-monitor-{os.getpid()}-{next(_MONITOR_SEQ)}"
     sock.monitor(address, events)
-    pair = zmq_context().socket(zmq.PAIR)
+    pair = sock.context.socket(zmq.PAIR)  # inproc: the monitored socket's context
     stack.callback(pair.close, 0)
     pair.setsockopt(zmq.LINGER, 0)
     # No high-water mark on the reader: libzmq's monitor sends its events (and the final
@@ -220,8 +228,8 @@ async def bind_worker_sockets(
 
     Before binding, the parent directory of the worker's ipc path is made safe
     (:func:`~smg_trio.transport.sockdir.ensure_ipc_socket_dir`), both ipc paths are checked
-    against the ``sun_path`` limit, and stale ``-in.sock``/``-out.sock`` sockets are unlinked.
-    On exit every socket is closed (``linger=0``) and the socket files this call created are
+    against the ``sun_path`` limit, and stale ``-in.sock``/``-out.sock`` sockets are unlinked;
+    the bound socket files get mode ``0600`` whatever the umask. On exit every socket is closed (``linger=0``) and the socket files this call created are
     removed. With ``handshake``, that already-bound ROUTER is used (and left open on exit)
     instead of binding ``addresses.handshake``; with ``with_handshake=False`` no handshake
     socket is bound at all (a frontend client attaching to engines that another process
@@ -229,7 +237,10 @@ async def bind_worker_sockets(
 
     A ``tcp://`` worker (``addresses.is_tcp``) binds its input and output on the URL's host
     with kernel-chosen ports, with ZMTP heartbeats (``tcp``, default :class:`TcpOptions`),
-    and its output PULL gets a monitor too (for the peer allow-list).
+    and its output PULL gets a monitor too (for the peer allow-list). Both are gated by a
+    :class:`~smg_trio.transport.peer_guard.PeerGuard` (in a context of their own): a
+    connection becomes routable only once its peer is an allowed host and, on this host, an
+    allowed uid.
 
     Raises:
         SocketDirError: the socket directory or an ipc path is unusable, or an ipc bind failed.
@@ -239,9 +250,12 @@ async def bind_worker_sockets(
     """
     if addresses.is_tcp:
         tcp = tcp or TcpOptions()
-        async with _bind_sockets(
-            addresses, handshake, tcp, None, None, with_handshake=with_handshake
-        ) as sockets:
+        async with (
+            open_peer_guard(tcp) as guard,
+            _bind_sockets(
+                addresses, handshake, tcp, None, None, with_handshake=with_handshake, guard=guard
+            ) as sockets,
+        ):
             yield sockets
         return
     input_path = check_ipc_path(addresses.input)
@@ -266,16 +280,23 @@ async def _bind_sockets(
     output_path: str | None,
     *,
     with_handshake: bool = True,
+    guard: PeerGuard | None = None,
 ) -> AsyncIterator[BoundSockets]:
+    context = guard.context if guard is not None else None
+
     def input_config(sock: zmq.Socket[bytes]) -> None:
         _configure_input_router(sock)
         if tcp is not None:
             configure_heartbeat(sock, tcp)
+        if guard is not None:
+            guard.protect(sock, "input")
 
     def output_config(sock: zmq.Socket[bytes]) -> None:
         _configure_output_pull(sock)
         if tcp is not None:
             configure_heartbeat(sock, tcp)
+        if guard is not None:
+            guard.protect(sock, "output")
 
     with contextlib.ExitStack() as stack:
         monitors: list[ConnectionMonitor] = []
@@ -285,14 +306,22 @@ async def _bind_sockets(
             monitors.append(_monitor(stack, sock))  # before the bind: see _monitor
 
         inp, input_address = _bind(
-            stack, zmq.ROUTER, addresses.input, "input ROUTER", configure_input
+            stack, zmq.ROUTER, addresses.input, "input ROUTER", configure_input, context
         )
+        if guard is not None:  # no checkpoint since the bind: no request was answered yet
+            guard.bound("input", input_address)
         if input_path is not None:
             stack.callback(_unlink_if_same, input_path, _inode(input_path))
+            restrict_socket_file(input_path)
         (monitor,) = monitors
-        out, output_address = _bind(stack, zmq.PULL, addresses.output, "output PULL", output_config)
+        out, output_address = _bind(
+            stack, zmq.PULL, addresses.output, "output PULL", output_config, context
+        )
+        if guard is not None:
+            guard.bound("output", output_address)
         if output_path is not None:
             stack.callback(_unlink_if_same, output_path, _inode(output_path))
+            restrict_socket_file(output_path)
         output_monitor = _monitor(stack, out.raw, zmq.EVENT_ACCEPTED) if tcp is not None else None
         hs: ZmqSocket | None
         handshake_address: str | None

@@ -19,6 +19,7 @@ from smg_trio.errors import EngineError, SmgError
 from smg_trio.protocol.addresses import worker_addresses
 from smg_trio.protocol.handshake import EngineCoreReadyResponse
 from smg_trio.protocol.vllm import VllmProtocol
+from smg_trio.routing.cache_aware import RouteRequest
 from smg_trio.transport.handshake import EngineRegistration
 from smg_trio.worker.manager import (
     REBIND_BACKOFF_S,
@@ -104,6 +105,7 @@ class FrontendManager(WorkerManager):
         **kwargs: Any,
     ) -> None:
         super().__init__(nursery, client_count=client_count, **kwargs)
+        self.routes_requests = True
         self.client_index = client_index
         self.shared = shared
         #: Tells the supervisor (worker id, generation, reason) that an engine this frontend
@@ -115,11 +117,11 @@ class FrontendManager(WorkerManager):
 
     @contextmanager
     def lease(
-        self, model_id: str, exclude: Collection[str] = (), *, adapter: str | None = None
+        self, model_id: str, exclude: Collection[str] = (), route: RouteRequest | None = None
     ) -> Iterator[WorkerLease]:
         worker: WorkerState | None = None
         try:
-            with super().lease(model_id, exclude, adapter=adapter) as lease:
+            with super().lease(model_id, exclude, route) as lease:
                 worker = self.get_worker(lease.worker_id)
                 self._publish(worker)
                 yield lease
@@ -238,8 +240,11 @@ class FrontendManager(WorkerManager):
                     worker.load_failed = True
                     log.error("worker %r: cannot load its model: %s", worker.url, exc)
                     return
-                while True:
-                    await self._attach_once(worker)
+                async with trio.open_nursery() as nursery:
+                    if self.kv_feed is not None:  # every frontend hears the engines itself
+                        nursery.start_soon(self.kv_feed.run_worker, worker)
+                    while True:
+                        await self._attach_once(worker)
         finally:
             worker.set_client(None)
             stopped.set()

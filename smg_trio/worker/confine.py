@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from collections.abc import Iterable
 
@@ -14,6 +15,8 @@ from smg_trio.tokenizer.modeldir import inside
 from smg_trio.transport.sockdir import default_socket_dir
 
 __all__ = ["WorkerConfinement", "escape", "hf_hub_cache", "is_loopback_host", "require_printable"]
+
+log = logging.getLogger(__name__)
 
 
 def escape(text: str) -> str:
@@ -122,9 +125,15 @@ class WorkerConfinement:
             )
         directory = os.path.dirname(os.path.normpath(path))
         if not any(inside(directory, d) for d in self.socket_dirs):
+            # the allowed directories go to the log, not to the client (issue 28, item 8)
+            log.warning(
+                "refused worker url %r: its directory is outside the allowed socket directories %s",
+                url,
+                ", ".join(escape(d) for d in self.socket_dirs),
+            )
             raise ValidationError(
-                f"url {url!r} is outside the allowed socket directories "
-                f"({', '.join(self.socket_dirs)}); use --socket-dir or --allowed-socket-dirs",
+                f"url {url!r} is outside the allowed socket directories (the gateway's log "
+                "names them); use --socket-dir or --allowed-socket-dirs",
                 param="url",
             )
 

@@ -13,7 +13,13 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from smg_trio.backend import NoWorkerAvailable, Readiness, ServedModel, WorkerLease
+from smg_trio.backend import (
+    NoWorkerAvailable,
+    Readiness,
+    RoutingSnapshot,
+    ServedModel,
+    WorkerLease,
+)
 from smg_trio.connector.client import (
     ENGINE_SILENCE_DEATH_TIMEOUT_S,
     EngineClient,
@@ -27,6 +33,7 @@ from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import EngineProtocol
 from smg_trio.protocol.vllm import VllmProtocol
+from smg_trio.routing.cache_aware import CacheAwareConfig
 from smg_trio.tokenizer.core import Tokenizer, load_model_json
 from smg_trio.tokenizer.eos import resolve_eos
 from smg_trio.tokenizer.hub import HubModelError, is_hub_id, is_revision, resolve_hub_model
@@ -34,15 +41,27 @@ from smg_trio.tokenizer.modeldir import ModelDir
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.tcp import TcpOptions, is_wildcard_host
 from smg_trio.transport.topology import HandshakeSocket, bind_handshake_socket
-from smg_trio.worker.confine import WorkerConfinement, escape, require_printable
+from smg_trio.worker.confine import (
+    WorkerConfinement,
+    escape,
+    is_loopback_host,
+    require_printable,
+)
 from smg_trio.worker.jobs import (
     DEFAULT_JOB_TTL_S,
     DEFAULT_MAX_FINISHED_JOBS,
     JobTable,
     RegistrationJob,
 )
+from smg_trio.worker.kv_feed import KvFeed, routing_snapshot
 from smg_trio.worker.lora_affinity import LoraAffinity
-from smg_trio.worker.policies import DEFAULT_POLICY, LoadBalancingPolicy, make_policy
+from smg_trio.worker.policies import (
+    DEFAULT_POLICY,
+    CacheAwarePolicy,
+    LoadBalancingPolicy,
+    RouteRequest,
+    make_policy,
+)
 from smg_trio.worker.registration import (
     RegistrationTiming,
     bind_retryable,
@@ -145,6 +164,7 @@ class WorkerState(Worker):
         self.client = client
         if client is not None:
             self.generation += 1
+            self.held = None  # a new engine (a restart) is awake, whatever its last life was
         changed, self.client_changed = self.client_changed, trio.Event()
         changed.set()
         self.changed()
@@ -166,6 +186,12 @@ class WorkerState(Worker):
         if c is not None:
             self.loads = tuple(c.load())
         return super().load_score()
+
+    def rank_loads(self) -> list[tuple[int, float]]:
+        """``(DP rank, load score)`` of each connected engine (the connector's rank score:
+        every frontend's in-flight requests or running + waiting)."""
+        c = self.engine_client
+        return [] if c is None else c.rank_scores()
 
     def to_json(self) -> dict[str, Any]:
         """The ``/workers`` representation."""
@@ -224,7 +250,9 @@ def _resolve_hub_spec(spec: WorkerSpec) -> WorkerSpec:
     try:
         hub = resolve_hub_model(ref, spec.revision, allow_download=False)
     except HubModelError as exc:
-        raise ValidationError(str(exc), param=param) from exc
+        # the hub cache's path goes to the log, not to the client (issue 28, item 8)
+        log.warning("worker %r: %s", spec.url, escape(str(exc)))
+        raise ValidationError(exc.public, param=param) from exc
     log.info(
         "worker %r: %s %s at %s is Hugging Face snapshot %s (%s)",
         spec.url,
@@ -237,6 +265,21 @@ def _resolve_hub_spec(spec: WorkerSpec) -> WorkerSpec:
     # the snapshot's directory names its commit: the revision is spent
     return attrs.evolve(
         spec, model_path=hub.path, model_id=spec.model_id or hub.repo_id, revision=None
+    )
+
+
+def _warn_remote_tcp(url: str) -> None:
+    """A ``tcp://`` worker bound off loopback carries prompts and tokens over the network,
+    unencrypted, with engines admitted by peer address only (as vLLM's own DP traffic):
+    say so once per worker (docs/security.md, "Engine sockets")."""
+    host = url.removeprefix("tcp://").rpartition(":")[0]
+    if is_loopback_host(host):
+        return
+    log.warning(
+        "worker %r: its engine traffic (prompts, tokens) crosses the network unencrypted, and "
+        "engines are admitted by their address (--allowed-engine-hosts): use a trusted, "
+        "private network (docs/security.md)",
+        url,
     )
 
 
@@ -324,6 +367,7 @@ class WorkerManager:
         nursery: trio.Nursery,
         *,
         policy: str = DEFAULT_POLICY,
+        cache: CacheAwareConfig | None = None,
         ready_timeout_s: float = READY_TIMEOUT_S,
         silence_timeout_s: float = ENGINE_SILENCE_DEATH_TIMEOUT_S,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
@@ -348,7 +392,14 @@ class WorkerManager:
         self.tcp = attrs.evolve(
             tcp, allowed_hosts=(*tcp.allowed_hosts, *self.confinement.engine_hosts)
         )
-        self.policy: LoadBalancingPolicy = make_policy(policy)
+        self.policy: LoadBalancingPolicy = make_policy(policy, cache=cache)
+        #: Whether this process routes requests (so it needs the engines' KV events): not the
+        #: supervisor of several frontends, which subscribe themselves.
+        self.routes_requests = client_count == 1
+        #: ``cache_aware``'s KV event feed (one subscription per publishing engine).
+        self.kv_feed: KvFeed | None = None
+        if isinstance(self.policy, CacheAwarePolicy):
+            self.kv_feed = KvFeed(self.policy.router, self.confinement, can_bind=client_count == 1)
         self.ready_timeout_s = ready_timeout_s
         self.silence_timeout_s = silence_timeout_s
         self.drain_timeout_s = drain_timeout_s
@@ -451,16 +502,21 @@ class WorkerManager:
 
     @contextmanager
     def lease(
-        self, model_id: str, exclude: Collection[str] = (), *, adapter: str | None = None
+        self, model_id: str, exclude: Collection[str] = (), route: RouteRequest | None = None
     ) -> Iterator[WorkerLease]:
         if self._draining:
             raise NoWorkerAvailable("the gateway is draining")
+        adapter = None if route is None else route.lora_name
         affinity = self.lora_affinity
-        worker = self.registry.select(
+        worker, rank = self.registry.select_engine(
             model_id,
             self.policy,
             exclude,
+            route,
             None if adapter is None else lambda ws: affinity.prefer(ws, adapter),
+        ) or (
+            None,
+            None,
         )
         if not isinstance(worker, WorkerState) or worker.engine_client is None:
             raise NoWorkerAvailable(f"no healthy worker for model {model_id!r}")
@@ -471,7 +527,7 @@ class WorkerManager:
         if worker.idle.is_set():
             worker.idle = trio.Event()
         try:
-            yield WorkerLease(worker_id=worker.worker_id, client=client)
+            yield WorkerLease(worker_id=worker.worker_id, client=client, rank_hint=rank)
         except EngineError:
             worker.circuit.record_failure()
             raise
@@ -481,6 +537,13 @@ class WorkerManager:
             worker.inflight -= 1
             if worker.inflight == 0:
                 worker.idle.set()
+
+    def routing_snapshot(self) -> RoutingSnapshot | None:
+        """``cache_aware``'s index and feed counters (``/metrics``), or ``None`` under
+        another policy."""
+        if not isinstance(self.policy, CacheAwarePolicy):
+            return None
+        return routing_snapshot(self.policy.router, self.kv_feed)
 
     def fail_inflight(self, error: BaseException) -> int:
         """End every in-flight request on every worker with ``error`` (each then sends its
@@ -619,6 +682,8 @@ class WorkerManager:
             raise ConflictError(str(exc), param=param, code="worker_conflict") from exc
         if spec.runtime_type is None:
             log.info("worker %r has no runtime_type: vllm", spec.url)
+        if addrs.is_tcp:
+            _warn_remote_tcp(spec.url)
         job = RegistrationJob(job_id=str(uuid.uuid4()), spec=spec, worker_id=worker.worker_id)
         self.jobs.add(job)
         self._nursery.start_soon(self._run_registration, job, worker)
@@ -859,6 +924,8 @@ class WorkerManager:
                             raise
 
                     task_status.started(connect)
+                    if self.kv_feed is not None and self.routes_requests:
+                        nursery.start_soon(self.kv_feed.run_worker, worker)
                     await trio.sleep_forever()
         finally:
             stopped.set()

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Final, Protocol, TypeVar
+
+from smg_trio.routing.cache_aware import (
+    CacheAwareConfig,
+    CacheAwareRouter,
+    EngineCandidate,
+    RouteRequest,
+)
 
 __all__ = [
     "DEFAULT_POLICY",
     "POLICY_NAMES",
+    "CacheAwarePolicy",
     "LeastLoadPolicy",
     "LoadBalancingPolicy",
     "PowerOfTwoPolicy",
     "RandomPolicy",
     "RoundRobinPolicy",
+    "RouteRequest",
     "WorkerView",
     "make_policy",
 ]
@@ -46,6 +56,15 @@ class WorkerView(Protocol):
 W = TypeVar("W", bound=WorkerView)
 
 
+def _rank_loads(worker: WorkerView) -> Sequence[tuple[int, float]]:
+    """``(DP rank, load)`` of a worker's connected engines (``rank_loads()`` where the view
+    has it), else the worker as one engine of rank 0."""
+    ranks: Callable[[], Sequence[tuple[int, float]]] | None = getattr(worker, "rank_loads", None)
+    if ranks is None:
+        return [(0, worker.load_score())]
+    return ranks()
+
+
 class LoadBalancingPolicy(Protocol):
     """Picks a worker. Implementations skip unhealthy workers and return ``None`` when no
     healthy one is left. Stateful policies (counters, RNG) are not shared across threads; call
@@ -56,8 +75,9 @@ class LoadBalancingPolicy(Protocol):
         """The ``--policy`` name."""
         ...
 
-    def select(self, workers: Sequence[W]) -> W | None:
-        """One of ``workers``, or ``None`` if none is healthy."""
+    def select(self, workers: Sequence[W], request: RouteRequest | None = None) -> W | None:
+        """One of ``workers``, or ``None`` if none is healthy. ``request`` (the prompt and
+        session key) is read by ``cache_aware`` only."""
         ...
 
 
@@ -74,7 +94,7 @@ class RoundRobinPolicy:
     def __init__(self) -> None:
         self._next = 0
 
-    def select(self, workers: Sequence[W]) -> W | None:
+    def select(self, workers: Sequence[W], request: RouteRequest | None = None) -> W | None:
         candidates = _healthy(workers)
         if not candidates:
             return None
@@ -91,7 +111,7 @@ class RandomPolicy:
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)
 
-    def select(self, workers: Sequence[W]) -> W | None:
+    def select(self, workers: Sequence[W], request: RouteRequest | None = None) -> W | None:
         candidates = _healthy(workers)
         return self._rng.choice(candidates) if candidates else None
 
@@ -111,7 +131,7 @@ class LeastLoadPolicy:
     def __init__(self) -> None:
         self._tie = 0
 
-    def select(self, workers: Sequence[W]) -> W | None:
+    def select(self, workers: Sequence[W], request: RouteRequest | None = None) -> W | None:
         candidates = _healthy(workers)
         if not candidates:
             return None
@@ -134,7 +154,7 @@ class PowerOfTwoPolicy:
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)
 
-    def select(self, workers: Sequence[W]) -> W | None:
+    def select(self, workers: Sequence[W], request: RouteRequest | None = None) -> W | None:
         candidates = _healthy(workers)
         if len(candidates) <= 1:
             return candidates[0] if candidates else None
@@ -142,19 +162,70 @@ class PowerOfTwoPolicy:
         return second if second.load_score() < first.load_score() else first
 
 
+class CacheAwarePolicy:
+    """The engine (worker and DP rank) holding the longest prefix of the prompt, against load
+    (:mod:`smg_trio.routing.cache_aware`). Its :attr:`router` keeps the KV block indexes: the
+    worker layer's KV event feed fills the one of engines that publish events; the prompts
+    routed to the others fill their approximate one. Without a request (no prompt) it picks
+    the least loaded worker."""
+
+    name: Final = "cache_aware"
+
+    def __init__(
+        self,
+        config: CacheAwareConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.router = CacheAwareRouter(config)
+        self._clock = clock
+        self._least = LeastLoadPolicy()
+
+    def select(self, workers: Sequence[W], request: RouteRequest | None = None) -> W | None:
+        chosen = self.select_engine(workers, request)
+        return None if chosen is None else chosen[0]
+
+    def select_engine(
+        self, workers: Sequence[W], request: RouteRequest | None
+    ) -> tuple[W, int | None] | None:
+        """The worker and the DP rank to send ``request`` to (the rank ``None`` when the
+        choice was by load alone), or ``None`` if no worker is healthy."""
+        candidates = _healthy(workers)
+        if not candidates:
+            return None
+        if request is None:
+            worker = self._least.select(candidates)
+            return None if worker is None else (worker, None)
+        engines: list[EngineCandidate] = []
+        owner: dict[tuple[str, int], W] = {}
+        for w in candidates:
+            for rank, load in _rank_loads(w):
+                key = (w.worker_id, rank)
+                engines.append(EngineCandidate(key, load))
+                owner[key] = w
+        if not engines:  # every rank of every worker is down: let the connector say so
+            worker = self._least.select(candidates)
+            return None if worker is None else (worker, None)
+        decision = self.router.choose(request, engines, self._clock())
+        return owner[decision.engine], decision.engine[1]
+
+
 #: Valid ``make_policy`` names, sorted.
-POLICY_NAMES: Final = ("least_load", "power_of_two", "random", "round_robin")
+POLICY_NAMES: Final = ("cache_aware", "least_load", "power_of_two", "random", "round_robin")
 
-#: ``--policy`` unset. smg defaults to ``cache_aware``, which is not implemented here yet.
-DEFAULT_POLICY: Final = "round_robin"
+#: ``--policy`` unset: ``cache_aware``, as smg's default.
+DEFAULT_POLICY: Final = "cache_aware"
 
 
-def make_policy(name: str, *, seed: int | None = None) -> LoadBalancingPolicy:
+def make_policy(
+    name: str, *, seed: int | None = None, cache: CacheAwareConfig | None = None
+) -> LoadBalancingPolicy:
     """A fresh policy by its ``--policy`` name.
 
     Args:
         name: One of :data:`POLICY_NAMES`.
         seed: RNG seed for ``random`` and ``power_of_two``; ignored by the others.
+        cache: ``cache_aware``'s knobs (default: smg's defaults); ignored by the others.
 
     Raises:
         ValueError: an unknown name; the message lists the valid ones.
@@ -167,4 +238,6 @@ def make_policy(name: str, *, seed: int | None = None) -> LoadBalancingPolicy:
         return LeastLoadPolicy()
     if name == "power_of_two":
         return PowerOfTwoPolicy(seed)
+    if name == "cache_aware":
+        return CacheAwarePolicy(cache)
     raise ValueError(f"unknown load-balancing policy {name!r}; valid: {', '.join(POLICY_NAMES)}")

@@ -13,7 +13,7 @@ import trio
 from smg_trio.errors import SmgError
 from smg_trio.protocol.types import EngineLoad
 from smg_trio.worker.circuit import CircuitBreaker
-from smg_trio.worker.policies import LoadBalancingPolicy
+from smg_trio.worker.policies import CacheAwarePolicy, LoadBalancingPolicy, RouteRequest
 
 __all__ = [
     "ROUTABLE_STATUS",
@@ -133,6 +133,13 @@ class Worker:
         engine's covers load we did not send. Unit: requests."""
         reported = sum(load.num_running + load.num_waiting for load in self.loads)
         return float(max(self.inflight, reported))
+
+    def rank_loads(self) -> list[tuple[int, float]]:
+        """``(DP rank, load)`` per engine: the reported running + waiting of each rank
+        (the whole worker as rank 0 before any report)."""
+        if not self.loads:
+            return [(0, self.load_score())]
+        return [(i, float(ld.num_running + ld.num_waiting)) for i, ld in enumerate(self.loads)]
 
     @contextmanager
     def track(self) -> Iterator[None]:
@@ -256,20 +263,34 @@ class WorkerRegistry:
         )
 
     def select(
+        self, model: str, policy: LoadBalancingPolicy, exclude: Collection[str] = ()
+    ) -> Worker | None:
+        """The worker ``policy`` picks among :meth:`workers_for` ``model`` (skipping the ids in
+        ``exclude``), or ``None`` if no worker is routable. The caller should count the request
+        with :meth:`Worker.track`."""
+        candidates: Sequence[Worker] = self.workers_for(model, exclude)
+        return policy.select(candidates) if candidates else None
+
+    def select_engine(
         self,
         model: str,
         policy: LoadBalancingPolicy,
         exclude: Collection[str] = (),
+        request: RouteRequest | None = None,
         narrow: Callable[[Sequence[Worker]], Sequence[Worker]] | None = None,
-    ) -> Worker | None:
-        """The worker ``policy`` picks among :meth:`workers_for` ``model`` (skipping the ids in
-        ``exclude``; ``narrow`` may keep a preferred non-empty subset, as the LoRA affinity
-        does), or ``None`` if no worker is routable. The caller should count the request with
-        :meth:`Worker.track`."""
+    ) -> tuple[Worker, int | None] | None:
+        """:meth:`select` with the request (``cache_aware`` routes by its prompt) and the DP
+        rank the policy chose (``None``: the connector chooses by load). ``narrow`` may keep a
+        preferred non-empty subset of the candidates first (the LoRA affinity does)."""
         candidates: Sequence[Worker] = self.workers_for(model, exclude)
-        if narrow is not None and candidates:
+        if not candidates:
+            return None
+        if narrow is not None:
             candidates = narrow(candidates) or candidates
-        return policy.select(candidates) if candidates else None
+        if isinstance(policy, CacheAwarePolicy):
+            return policy.select_engine(candidates, request)
+        worker = policy.select(candidates, request)
+        return None if worker is None else (worker, None)
 
     def __len__(self) -> int:
         return len(self._workers)

@@ -33,6 +33,19 @@ def test_pinned_rank_is_authoritative() -> None:
     assert router.inflight == [set(), {"a"}]
 
 
+def test_a_rank_hint_is_taken_unless_pinned_or_down() -> None:
+    """The routing policy's rank (cache_aware: where the prefix is) beats the load; a pinned
+    rank beats the hint; a hint of a down or unknown rank falls back to the least loaded."""
+    router = RankRouter([3, 7])
+    router.loads[1] = EngineLoad(num_running=50)
+    assert router.reserve("a", None, hint=7) == 1
+    assert router.reserve("b", 3, hint=7) == 0
+    router.down[1] = True
+    assert router.reserve("c", None, hint=7) == 0
+    assert router.reserve("d", None, hint=5) == 0
+    assert router.scores() == [(3, 3.0)]
+
+
 def test_a_cold_burst_spreads_across_engines() -> None:
     router = RankRouter([0, 1, 2])
     slots = [router.reserve(f"r{i}", None) for i in range(9)]

@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from peers.tools import vllm_engine_command, vllm_engine_env, vllm_missing_reason
 from smg_trio.connector import EngineClient, open_engine_client
+from smg_trio.errors import UtilityCallFailed
 from smg_trio.protocol import EngineOutput, GenerateRequest, SamplingOptions
 from smg_trio.protocol.vllm import VllmProtocol
 from smg_trio.tokenizer.eos import resolve_eos
@@ -220,3 +222,41 @@ def test_concurrent_generates(engine: TrioPortal) -> None:
     results = engine.run(body)
     assert all(len(r) == 5 for r in results)
     assert client.inflight_count == 0
+
+
+def test_utility_calls_and_reset_prefix_cache(engine: TrioPortal) -> None:
+    """vLLM's utility calls over our connector: a prompt's second run hits the prefix cache,
+    ``reset_prefix_cache`` empties it (the third run hits nothing), the other read-only
+    methods answer, and an unknown method is the engine's failure, not a hang."""
+    client: EngineClient = engine.value
+    prompt = list(range(300, 600))  # full KV blocks (a CPU engine's are 128 tokens)
+
+    async def body() -> tuple[list[int | None], Any, Any, Any, Any, str]:
+        cached: list[int | None] = []
+        answers = []
+        for step in range(3):
+            if step == 2:
+                with trio.fail_after(60):
+                    answers.append(await client.call_utility("reset_prefix_cache", False, False))
+            outputs = await collect(client, request(temperature=0.0, max_tokens=2, prompt=prompt))
+            cached.append(outputs[0].cached_tokens)
+        with trio.fail_after(60):
+            answers.append(await client.call_utility("get_supported_tasks"))
+            answers.append(await client.call_utility("is_sleeping"))
+            answers.append(await client.call_utility("is_scheduler_paused"))
+            with pytest.raises(UtilityCallFailed) as failed:
+                await client.call_utility("no_such_method")
+        return cached, *answers, str(failed.value)
+
+    cached, reset, tasks, sleeping, paused, failure = engine.run(body)
+    assert reset is True
+    assert cached[0] == 0
+    assert cached[1] is not None
+    assert cached[1] > 0
+    assert cached[2] == 0
+    assert "generate" in tasks
+    assert sleeping is False
+    assert paused is False
+    assert "no_such_method" in failure
+    assert client.utility_pending == 0
+    assert client.alive

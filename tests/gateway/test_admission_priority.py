@@ -8,6 +8,7 @@ import pytest
 import trio
 import trio.testing
 
+from smg_trio.gateway.http import admission
 from smg_trio.gateway.http.admission import AdmissionGate
 from smg_trio.gateway.openai.errors import ApiError
 from tests.helpers.gateway import DEADLINE_S, HarnessFactory
@@ -172,3 +173,30 @@ async def test_tokenspeed_refuses_a_priority(harness: HarnessFactory) -> None:
             assert resp.status_code == 400, resp.text
             assert resp.json()["error"]["param"] == "priority"
             assert (await h.chat(max_tokens=2, priority=0)).status_code == 200
+
+
+async def test_queued_bodies_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queued request reads its body only within the queue's byte budget; past it (or with
+    no Content-Length) it waits unread, at the default priority, so the bodies in memory stay
+    bounded by the slots' plus the budget."""
+    monkeypatch.setattr(admission, "QUEUED_BODIES_MAX_BYTES", 100)
+    gate = AdmissionGate(limit=1, queue_size=4, timeout_s=DEADLINE_S)
+    first, small, big, chunked = Req("first"), Req("small"), Req("big"), Req("chunked")
+    gate.arrive(first)
+    assert gate.may_read_body(first, 10**9)  # a slot holder reads whatever the body limit allows
+    for req in (small, big, chunked):
+        gate.arrive(req)
+    assert gate.may_read_body(small, 60)
+    assert not gate.may_read_body(big, 60)  # 60 + 60 > 100
+    assert not gate.may_read_body(chunked, None)
+    assert gate.queued_body_bytes == 60
+    gate.leave(small)
+    assert gate.queued_body_bytes == 0
+    # an overflow place is there only to read its priority: no room, no place
+    tight = AdmissionGate(limit=1, queue_size=1, timeout_s=DEADLINE_S)
+    one, queued, over = Req("one"), Req("queued"), Req("over")
+    for req in (one, queued, over):
+        tight.arrive(req)
+    with pytest.raises(ApiError, match="queue is full"):
+        tight.may_read_body(over, None)
+    assert tight.waiting == 1

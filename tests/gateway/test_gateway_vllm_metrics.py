@@ -159,6 +159,8 @@ async def test_gauges_read_the_engines_reported_load(harness: HarnessFactory, to
 
 class _FakeClient:
     engines: tuple[Any, ...] = ()  # no registrations: no engine serves LoRA
+    prefix_cache_queries = 0
+    prefix_cache_hits = 0
 
     def __init__(self, *loads: EngineLoad) -> None:
         self._loads = list(loads)

@@ -21,6 +21,7 @@ from smg_trio.gateway.http.openapi import OPERATIONS, openapi_document
 from smg_trio.serve import admin
 from smg_trio.serve.admin import admin_blueprint
 from smg_trio.serve.admin_schema import ADMIN_OPERATIONS, WorkerSpecBody
+from smg_trio.serve.engine_control import add_engine_control_routes
 from smg_trio.worker.manager import WorkerManager
 
 DEADLINE_S = 10.0
@@ -36,7 +37,9 @@ async def served_app(config: GatewayHttpConfig | None = None) -> AsyncIterator[Q
     async with trio.open_nursery() as nursery:
         manager = WorkerManager(nursery)
         app = create_app(manager, config, operations=ADMIN_OPERATIONS)
-        app.register_blueprint(admin_blueprint(manager, admin_api_key=None))
+        bp = admin_blueprint(manager, admin_api_key=None)
+        add_engine_control_routes(bp, manager)
+        app.register_blueprint(bp)
         yield app
         nursery.cancel_scope.cancel()
 

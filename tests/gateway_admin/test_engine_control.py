@@ -174,6 +174,20 @@ async def test_is_sleeping_takes_the_engines_word(ns: IpcNamespace, model_dir: P
             assert c.worker.held is None
 
 
+async def test_a_restarted_engine_is_awake(ns: IpcNamespace, model_dir: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with control_server(ns, model_dir) as c:
+            assert (await c.http.post("/sleep")).status_code == 200
+            old = c.worker.generation
+            c.engines[0].die_silently()
+            fresh = MockEngine(c.engines[0].handshake_address, MockEngineConfig())
+            c.nursery.start_soon(fresh.run)
+            while c.worker.generation == old or not c.worker.healthy:
+                await c.manager.registry.changed.wait()  # the fresh engine's handshake
+            assert c.worker.held is None
+            assert (await c.chat()).status_code == 200
+
+
 async def test_never_answering_engine_is_a_504_naming_it(ns: IpcNamespace, model_dir: Path) -> None:
     with trio.fail_after(DEADLINE_S):
         async with control_server(ns, model_dir, dp=2) as c:
@@ -198,7 +212,10 @@ async def test_engine_refusal_is_a_4xx_naming_the_worker(ns: IpcNamespace, model
             resp = await c.http.post("/sleep")
             err = assert_error(resp, 400, c.worker.worker_id, "Sleep mode is not enabled")
             assert err["code"] == "engine_refused"
-            assert c.worker.held is None  # refused: still routable
+            # as vLLM's, the engine paused its scheduler before refusing: still held
+            assert c.worker.held == "sleeping"
+            assert (await c.http.get("/is_sleeping")).json()["is_sleeping"] is True
+            assert (await c.http.post("/wake_up")).json()["status"] == "awake"
             assert (await c.chat()).status_code == 200
 
 
@@ -208,6 +225,10 @@ async def test_tokenspeed_worker_is_a_4xx_naming_it(ns: IpcNamespace, model_dir:
             resp = await c.http.post("/reset_prefix_cache")
             err = assert_error(resp, 400, c.worker.worker_id, "tokenspeed")
             assert err["code"] == "unsupported_by_engine"
+            # a refused sleep that left the engine running puts the worker back at once
+            assert_error(await c.http.post("/sleep"), 400, c.worker.worker_id)
+            assert c.worker.held is None
+            assert (await c.chat()).status_code == 200
 
 
 async def test_bad_input(ns: IpcNamespace, model_dir: Path) -> None:

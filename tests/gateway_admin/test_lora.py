@@ -189,13 +189,15 @@ async def test_two_adapters_interleaved(ns: IpcNamespace, model_dir: Path, tmp_p
             assert len(set.union(*texts.values())) == 3  # and each its own
 
 
+@pytest.mark.parametrize("policy", ["round_robin", "cache_aware"])
 async def test_requests_prefer_the_engine_holding_their_adapter(
-    ns: IpcNamespace, model_dir: Path, tmp_path: Path
+    ns: IpcNamespace, model_dir: Path, tmp_path: Path, policy: str
 ) -> None:
-    # static adapters (not preloaded), engines holding one adapter each, round robin: without
-    # the preference "a" would land on both engines
+    # static adapters (not preloaded), engines holding one adapter each: without the
+    # preference, round robin puts "a" on both engines (and cache_aware balances the same
+    # prompt across them); the preference narrows, then the policy picks
     with trio.fail_after(DEADLINE_S):
-        async with lora_server(ns, model_dir, tmp_path, max_loras=1) as c:
+        async with lora_server(ns, model_dir, tmp_path, max_loras=1, policy=policy) as c:
             for name in ("a", "b"):
                 path = str(c.adapter(name))
                 c.manager.loras.add(LoraAdapter(name, "m", path, lora_int_id(name), static=True))

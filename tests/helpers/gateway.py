@@ -19,6 +19,8 @@ from smg_trio.backend import ServedModel, StaticBackend
 from smg_trio.connector.client import EngineClient, open_engine_client
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.app import create_app, serve_http
+from smg_trio.gateway.http.tenants import TenantGate
+from smg_trio.gateway.http.tracing import Tracing
 from smg_trio.mock.engine import MockEngine, MockEngineConfig, Plan
 from smg_trio.protocol.addresses import worker_addresses
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
@@ -104,6 +106,8 @@ async def open_harness(
     reasoning_parser: str | None = None,
     step_s: float = 0.001,
     max_model_len: int = 4096,
+    tracing: Tracing | None = None,
+    tenants: TenantGate | None = None,
     **mock_kw: Any,
 ) -> AsyncIterator[Harness]:
     eos, extra = resolve_eos(model_dir, tok)
@@ -135,7 +139,7 @@ async def open_harness(
             )
             backend = StaticBackend([(served, [client])])
             config = attrs.evolve(config or GatewayHttpConfig(), fast_http1=fast_http1)
-            app = create_app(backend, config)
+            app = create_app(backend, config, tracing=tracing, tenants=tenants)
             binds = await nursery.start(partial(serve_http, app, "127.0.0.1", 0))
             async with httpx.AsyncClient(base_url=binds[0], timeout=30.0, verify=False) as http:
                 yield Harness(binds[0], http, engine, client, served, backend, app, tok)

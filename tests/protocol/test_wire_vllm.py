@@ -441,6 +441,23 @@ def test_scheduler_stats_become_load_and_other_keys_are_skipped() -> None:
     assert batch.outputs == []
 
 
+def test_scheduler_stats_carry_the_prefix_cache_counters() -> None:
+    stats = {
+        "num_running_reqs": 1,
+        "num_waiting_reqs": 0,
+        "kv_cache_usage": 0.1,
+        "prefix_cache_stats": {
+            "reset": False, "requests": 2, "queries": 80, "hits": 32, "preempted_requests": 0,
+            "preempted_queries": 0, "preempted_hits": 0, "hits_by_source": {},
+        },
+    }  # fmt: skip
+    batch = decode_outputs(frames_of(envelope([], scheduler_stats=stats)))
+    assert (batch.prefix_cache_queries, batch.prefix_cache_hits) == (80, 32)
+    del stats["prefix_cache_stats"]
+    batch = decode_outputs(frames_of(envelope([], scheduler_stats=stats)))
+    assert (batch.prefix_cache_queries, batch.prefix_cache_hits) == (0, 0)
+
+
 def test_deferred_waiting_requests_count_as_waiting() -> None:
     """vLLM 0.32's ``vllm:num_requests_waiting`` is ``num_waiting_reqs`` plus the requests
     deferred by LoRA budget or KV transfer (``num_skipped_waiting_reqs``); so is ours."""

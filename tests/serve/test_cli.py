@@ -21,6 +21,7 @@ from smg_trio.protocol.addresses import derive_handshake_port
 from smg_trio.serve.commands import (
     build_engine_command,
     filter_owned_flags,
+    kv_events_config,
     reject_handshake_collisions,
     tokenspeed_dist_port,
     worker_url,
@@ -447,6 +448,7 @@ def test_mock_command() -> None:
     assert launch.argv == [
         sys.executable, "-m", "smg_trio.mock.engine",
         "--handshake", f"tcp://127.0.0.1:{hs}", "--step-ms", "0",
+        "--kv-events-config", kv_events_config("ipc:///tmp/s/engine-31000"),
     ]  # fmt: skip
     assert launch.engine_count == 1
 

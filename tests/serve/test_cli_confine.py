@@ -157,3 +157,18 @@ def test_a_startup_tcp_worker_host_counts_as_allowed() -> None:
     conf.check_url("tcp://10.0.0.9:7100")
     assert conf.host_allowed("10.0.0.9")
     assert not conf.host_allowed("10.0.0.10")
+
+
+def test_allowed_engine_uids_reach_the_tcp_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _config(_launch()).allowed_engine_uids is None  # root and the gateway's own
+    config = _config(_launch("--allowed-engine-uids", "1000", "1001"))
+    assert config.allowed_engine_uids == (1000, 1001)
+    monkeypatch.setenv("SMG_TRIO_ALLOWED_ENGINE_UIDS", "7,8")
+    assert _config(_launch()).allowed_engine_uids == (7, 8)
+
+
+def test_allowed_engine_uids_must_be_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _config(_launch("--allowed-engine-uids", "nobody"))
+    assert exc.value.code == 2
+    assert "--allowed-engine-uids" in capsys.readouterr().err

@@ -97,7 +97,7 @@ def test_serve_model_id_gives_engine_the_id_and_commit(hub: Path) -> None:
     assert eng.engine_args[-2:] == ("--revision", V2)
     argv = _launch_plan(config)[0][1].argv
     assert argv[argv.index("serve") + 1] == REPO
-    assert argv[-2:] == ["--revision", V2]
+    assert argv[argv.index("--revision") + 1] == V2
     # the hub id never becomes a model root of its own (it would be ./acme/tiny-chat)
     roots = _confinement(config).model_dirs
     assert not any(r.endswith("acme/tiny-chat") for r in roots), roots
@@ -225,6 +225,28 @@ async def test_post_workers_revision_picks_the_snapshot_and_is_checked(
             await manager.check_spec(WorkerSpec(url=url, model_id="served", revision="v2"))
         assert err.value.param == "revision"
         nursery.cancel_scope.cancel()
+
+
+async def test_post_workers_400s_keep_the_hub_cache_path_in_the_log(
+    hub: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An id not in the cache is a 400 that says so without naming the cache's path (a
+    client learns nothing of the gateway's filesystem); the log names it (issue 28, item 8)."""
+    conf = WorkerConfinement(socket_dirs=(str(tmp_path),), model_dirs=(str(hub), str(tmp_path)))
+    caplog.set_level(logging.WARNING, logger="smg_trio.worker.manager")
+    async with trio.open_nursery() as nursery:
+        manager = WorkerManager(nursery, confinement=conf)
+        for spec in (
+            WorkerSpec(url=f"ipc://{tmp_path}/w", model_path="acme/absent"),
+            WorkerSpec(url=f"ipc://{tmp_path}/w", model_id=REPO, revision="v9"),
+        ):
+            with pytest.raises(ValidationError) as err:
+                await manager.check_spec(spec)
+            assert "is not in the Hugging Face cache" in err.value.message
+            assert str(hub) not in err.value.message
+            assert str(tmp_path) not in err.value.message
+        nursery.cancel_scope.cancel()
+    assert f"Hugging Face cache ({hub})" in caplog.text
 
 
 def test_main_with_an_id_not_cached_exits_2_before_launch(

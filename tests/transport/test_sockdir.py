@@ -43,12 +43,41 @@ def test_creates_missing_dirs_with_mode_0700(ipc: IpcNamespace) -> None:
     assert _mode(os.path.dirname(target)) == 0o700  # parents too, unlike os.makedirs
 
 
-def test_leaves_an_existing_owned_dir_untouched(ipc: IpcNamespace) -> None:
+@pytest.mark.parametrize("mode", [0o755, 0o750, 0o705, 0o711], ids=oct)
+def test_makes_an_existing_owned_dir_that_others_can_reach_private(
+    ipc: IpcNamespace, caplog: pytest.LogCaptureFixture, mode: int
+) -> None:
+    # Others who can search the directory can connect to a socket in it that the umask left
+    # world-writable: ours, so it is fixed (0700), with a warning.
     target = os.path.join(ipc.directory, "shared")
     os.mkdir(target)
-    os.chmod(target, 0o755)
+    os.chmod(target, mode)
     ensure_ipc_socket_dir(target)
-    assert _mode(target) == 0o755
+    assert _mode(target) == 0o700
+    assert f"had mode {mode:04o}" in caplog.text
+
+
+def test_leaves_an_existing_private_dir_untouched(ipc: IpcNamespace) -> None:
+    target = os.path.join(ipc.directory, "mine")
+    os.mkdir(target)
+    os.chmod(target, 0o500)  # narrower than 0700 is the owner's business
+    try:
+        ensure_ipc_socket_dir(target)
+        assert _mode(target) == 0o500
+    finally:
+        os.chmod(target, 0o700)
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o777], ids=oct)
+def test_creates_dirs_0700_whatever_the_umask(ipc: IpcNamespace, umask: int) -> None:
+    target = os.path.join(ipc.directory, "a", "b")
+    old = os.umask(umask)
+    try:
+        ensure_ipc_socket_dir(target)
+    finally:
+        os.umask(old)
+    assert _mode(target) == 0o700
+    assert _mode(os.path.dirname(target)) == 0o700
 
 
 def test_rejects_a_file_in_place_of_the_dir(ipc: IpcNamespace) -> None:

@@ -62,6 +62,24 @@ async def test_creates_the_socket_dir_0700(ipc: IpcNamespace) -> None:
         assert stat.S_IMODE(os.lstat(f"{ipc.directory}/run").st_mode) == 0o700
 
 
+async def test_socket_files_are_0600_and_their_dir_0700_under_umask_000(
+    ipc: IpcNamespace,
+) -> None:
+    # libzmq creates an ipc socket 0777 & ~umask: world-connectable under umask 000.
+    url = f"ipc://{ipc.directory}/run/w0"
+    addrs = worker_addresses(url, "tcp://127.0.0.1:*")
+    old = os.umask(0)
+    try:
+        async with bind_worker_sockets(addrs):
+            for address in (addrs.input, addrs.output):
+                path = address.removeprefix("ipc://")
+                assert stat.S_ISSOCK(os.lstat(path).st_mode)
+                assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+            assert stat.S_IMODE(os.lstat(f"{ipc.directory}/run").st_mode) == 0o700
+    finally:
+        os.umask(old)
+
+
 async def test_replaces_stale_sockets(ipc: IpcNamespace) -> None:
     addrs = ipc.addresses("w0")
     for address in (addrs.input, addrs.output):

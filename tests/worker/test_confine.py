@@ -67,6 +67,19 @@ def test_bad_urls_are_refused_naming_url(conf: WorkerConfinement, url: str, need
     assert "\x1b" not in err.value.message
 
 
+def test_a_url_outside_the_socket_dirs_is_refused_without_naming_them(
+    conf: WorkerConfinement, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The allowed directories are the gateway's business: the 400 says how to allow one,
+    # the log names them (issue 28, item 8).
+    caplog.set_level(logging.WARNING, logger="smg_trio.worker.confine")
+    with pytest.raises(ValidationError) as err:
+        conf.check_url("ipc:///var/run/elsewhere/w")
+    assert "--allowed-socket-dirs" in err.value.message
+    assert SOCK not in err.value.message
+    assert SOCK in caplog.text
+
+
 def test_an_allowed_engine_host_may_bind_a_tcp_worker() -> None:
     conf = WorkerConfinement(socket_dirs=(SOCK,), model_dirs=(MODELS,), engine_hosts=("10.0.0.5",))
     conf.check_url("tcp://10.0.0.5:5555")

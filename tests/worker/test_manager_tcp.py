@@ -4,8 +4,10 @@ make the worker ready."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
@@ -69,3 +71,20 @@ async def test_an_engine_outside_the_allow_list_never_makes_the_worker_ready(
             assert manager.registry.get(job.worker_id or "") is None
             assert list(manager.list_models()) == []
     assert "refused, the host is not loopback or in --allowed-engine-hosts" in caplog.text
+
+
+async def test_a_tcp_worker_off_loopback_is_warned_about(
+    model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its prompts cross the network unencrypted, and its engines are admitted by address:
+    # the operator is told to keep it on a trusted network (issue 28, item 2).
+    caplog.set_level(logging.WARNING, logger="smg_trio.worker.manager")
+    with trio.fail_after(DEADLINE_S):
+        async with open_manager(tcp=TcpOptions(advertise_host="127.0.0.1")) as (manager, _):
+            manager.confinement = attrs.evolve(manager.confinement, engine_hosts=("0.0.0.0",))
+            manager.add_worker(tcp_spec(model_dir))
+            assert "trusted, private network" not in caplog.text  # loopback: this host only
+            remote = tcp_spec(model_dir, f"tcp://0.0.0.0:{free_port()}")
+            manager.add_worker(remote)
+            assert f"worker {remote.url!r}: its engine traffic" in caplog.text
+            assert "trusted, private network" in caplog.text

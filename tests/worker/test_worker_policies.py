@@ -8,12 +8,15 @@ import attrs
 import pytest
 
 from smg_trio.worker.policies import (
+    DEFAULT_POLICY,
     POLICY_NAMES,
+    CacheAwarePolicy,
     LeastLoadPolicy,
     LoadBalancingPolicy,
     PowerOfTwoPolicy,
     RandomPolicy,
     RoundRobinPolicy,
+    RouteRequest,
     make_policy,
 )
 
@@ -119,6 +122,50 @@ def test_make_policy_names() -> None:
     for name in POLICY_NAMES:
         assert make_policy(name).name == name
     with pytest.raises(
-        ValueError, match=r"'cache_aware'.*least_load, power_of_two, random, round_robin"
+        ValueError, match=r"'prefix_hash'.*cache_aware, least_load, power_of_two, random"
     ):
-        make_policy("cache_aware")
+        make_policy("prefix_hash")
+    assert DEFAULT_POLICY == "cache_aware"
+
+
+@attrs.define
+class RankedWorker(FakeWorker):
+    ranks: list[float] = attrs.Factory(lambda: [0.0])
+
+    def rank_loads(self) -> list[tuple[int, float]]:
+        return list(enumerate(self.ranks))
+
+
+def test_cache_aware_routes_a_conversation_to_the_rank_holding_it() -> None:
+    """Through the policy: turn 1 is placed (on the idle rank), its engine stores the
+    prompt's blocks (an event), and turn 2, a longer prompt, goes to that worker and rank
+    even though it is now the busier one."""
+    policy = CacheAwarePolicy(clock=lambda: 0.0)
+    w1, w2 = RankedWorker("w1", ranks=[1.0, 0.0]), RankedWorker("w2", ranks=[1.0])
+    for w in (w1, w2):
+        for rank in range(len(w.ranks)):
+            policy.router.add_engine((w.worker_id, rank), block_size=4, events=True)
+    turn1 = list(range(40))
+    chosen = policy.select_engine([w1, w2], RouteRequest(turn1))
+    assert chosen == (w1, 1)
+    policy.router.events.stored(("w1", 1), list(range(10)), None, turn1, 4)
+    w1.ranks = [1.0, 3.0]
+    turn2 = turn1 + list(range(100, 120))
+    assert policy.select_engine([w1, w2], RouteRequest(turn2)) == (w1, 1)
+    # select() without a request is least-load; select() with one agrees with select_engine
+    assert policy.select([w1, w2]) is w1  # w1's in-flight 0 == w2's: first tied
+    assert policy.select([w1, w2], RouteRequest(turn2)) is w1
+
+
+def test_cache_aware_routes_by_the_prompts_it_sent_without_events() -> None:
+    policy = make_policy("cache_aware")
+    assert isinstance(policy, CacheAwarePolicy)
+    workers = [RankedWorker("a"), RankedWorker("b")]
+    for w in workers:
+        policy.router.add_engine((w.worker_id, 0), block_size=None, events=False)
+    first = policy.select(workers, RouteRequest(list(range(64))))
+    assert first is not None
+    first.ranks = [5.0]
+    for turn in range(2, 6):
+        prompt = list(range(64 * turn))
+        assert policy.select(workers, RouteRequest(prompt)) is first

@@ -11,10 +11,16 @@ import trio
 
 from smg_trio.gateway.openai.errors import ApiError
 
-__all__ = ["RETRY_AFTER_S", "AdmissionGate", "overflow_places"]
+__all__ = ["QUEUED_BODIES_MAX_BYTES", "RETRY_AFTER_S", "AdmissionGate", "overflow_places"]
 
 #: ``Retry-After`` seconds sent with a 429 (a slot frees as soon as any request ends).
 RETRY_AFTER_S = 1
+#: The bodies queued requests may hold, together, while they wait for a slot (per process). A
+#: queued request whose ``Content-Length`` fits what is left reads its body and waits by its
+#: priority; one that does not (or has no ``Content-Length``) waits unread at the default
+#: priority, 0, and reads its body once it has its slot. So the bodies in memory stay bounded
+#: by the slots' bodies plus this.
+QUEUED_BODIES_MAX_BYTES = 64 * 1024 * 1024
 
 
 def overflow_places(queue_size: int) -> int:
@@ -37,11 +43,13 @@ def _overloaded(message: str) -> ApiError:
 class _Place:
     """One borrower's place in the queue, from its arrival to its slot (or refusal)."""
 
-    __slots__ = ("error", "granted", "key", "overflow", "seq")
+    __slots__ = ("body_bytes", "error", "granted", "key", "overflow", "seq")
 
     def __init__(self, seq: int, overflow: bool) -> None:
         self.seq = seq
         self.overflow = overflow
+        #: Its share of :data:`QUEUED_BODIES_MAX_BYTES` while it holds its body queued.
+        self.body_bytes = 0
         #: ``(priority, seq)`` once it waits for a slot (its body read); ``None`` before.
         self.key: tuple[int, int] | None = None
         self.granted = trio.Event()
@@ -74,6 +82,8 @@ class AdmissionGate:
         #: Places that are overflow places; places waiting for a slot (their priority known).
         self._overflowing = 0
         self._waiters = 0
+        #: Bytes of the bodies queued places hold (:data:`QUEUED_BODIES_MAX_BYTES`).
+        self.queued_body_bytes = 0
         #: Waiters by ``(priority, seq)``; entries whose place left are skipped when popped.
         self._heap: list[tuple[tuple[int, int], int]] = []
         self._seq = itertools.count()
@@ -119,6 +129,29 @@ class AdmissionGate:
                 "and its queue is full; retry later"
             )
 
+    def may_read_body(self, borrower: object, content_length: int | None) -> bool:
+        """Whether ``borrower`` reads its body before its slot: yes with the slot, or queued
+        with a ``content_length`` that fits :data:`QUEUED_BODIES_MAX_BYTES` (reserved until
+        it leaves the queue); else it waits for its slot unread, at priority 0. An overflow
+        place that cannot read its body (its priority is all it is there for) is refused
+        (raises the 429 ``ApiError``)."""
+        key = id(borrower)
+        place = self._places.get(key)
+        if place is None:
+            return True  # holds its slot
+        room = QUEUED_BODIES_MAX_BYTES - self.queued_body_bytes
+        if content_length is not None and content_length <= room:
+            place.body_bytes = content_length
+            self.queued_body_bytes += content_length
+            return True
+        if place.overflow:
+            self._drop(key)
+            raise self._refuse(
+                f"the gateway is at its limit of {self._limit} concurrent requests "
+                "and its queue is full; retry later"
+            )
+        return False
+
     async def wait_turn(self, borrower: object, priority: int = 0) -> None:
         """After the body: wait for the slot, ordered by ``priority`` (lower first) then
         arrival, for at most ``timeout_s`` (raises the 429 ``ApiError`` then, or when a more
@@ -155,6 +188,7 @@ class AdmissionGate:
         """Forget ``key``'s queue place (its heap entry is skipped when popped)."""
         place = self._places.pop(key, None)
         if place is not None:
+            self.queued_body_bytes -= place.body_bytes
             if place.overflow:
                 self._overflowing -= 1
             if place.key is not None:

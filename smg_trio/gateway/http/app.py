@@ -24,6 +24,8 @@ from smg_trio.gateway.http.metrics import GatewayMetrics
 from smg_trio.gateway.http.openapi import OPERATIONS, Operation, openapi_document
 from smg_trio.gateway.http.routes import UNSERVED_PREFIXES, Route, inference_routes
 from smg_trio.gateway.http.sse import StreamBody
+from smg_trio.gateway.http.tenants import TenantGate
+from smg_trio.gateway.http.tracing import Tracing
 from smg_trio.gateway.openai.errors import ApiError, anthropic_envelope, to_api_error
 from smg_trio.gateway.openai.models import model_detail, model_list
 from smg_trio.gateway.openai.responses_schemas import ResponseDeleted
@@ -103,6 +105,8 @@ def create_app(
     *,
     metrics: GatewayMetrics | None = None,
     operations: Sequence[Operation] = (),
+    tracing: Tracing | None = None,
+    tenants: TenantGate | None = None,
 ) -> QuartTrio:
     """Build the HTTP front for ``backend``.
 
@@ -111,14 +115,15 @@ def create_app(
     ``GET /metrics``, ``GET /openapi.json``. Every error is an OpenAI envelope with ``x-request-id``. ``metrics``
     defaults to a fresh :class:`GatewayMetrics` on its own registry. ``operations``: the routes
     the caller mounts on the app itself (``serve``'s admin API), documented in
-    ``/openapi.json`` too. Raises ``ValueError`` for
+    ``/openapi.json`` too. ``tracing``: the request spans' tracer (its ``run`` is the
+    caller's to start). ``tenants``: the tenants' keys and limits. Raises ``ValueError`` for
     an unknown ``config.reasoning_parser``.
     """
     config = config or GatewayHttpConfig()
     if config.reasoning_parser is not None:
         get_reasoning_format(config.reasoning_parser)  # ValueError listing the names
     metrics = metrics or GatewayMetrics()
-    gw = Gateway(backend, config, metrics)
+    gw = Gateway(backend, config, metrics, tracing, tenants)
 
     app = QuartTrio("smg_trio.gateway", static_folder=None)
     app.asgi_http_class = _Connection

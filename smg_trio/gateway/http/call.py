@@ -10,7 +10,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, Literal, TypeVar
 
 import attrs
 import msgspec
@@ -25,6 +25,7 @@ from smg_trio.exc_groups import is_cancellation
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.gateway.http.admission import AdmissionGate
 from smg_trio.gateway.http.metrics import FastHistogram, GatewayMetrics, ModelStats
+from smg_trio.gateway.http.tenants import OTHER, TenantCollector
 from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.errors import (
     ApiError,
@@ -37,6 +38,7 @@ from smg_trio.gateway.openai.fanout import SubRequest
 from smg_trio.gateway.openai.responses_shared import SharedResponseStore
 from smg_trio.gateway.openai.responses_store import ResponseStore, ResponseStoreLike
 from smg_trio.gateway.openai.schemas import decode_body
+from smg_trio.routing.cache_aware import RouteRequest
 
 __all__ = [
     "JSON_TYPE",
@@ -47,16 +49,21 @@ __all__ = [
     "RequestCall",
     "bearer_matches",
     "json_response",
+    "new_response_id",
 ]
 
 if TYPE_CHECKING:
     from smg_trio.gateway.http.fastroute import AsgiRequest
+    from smg_trio.gateway.http.tenants import Tenant, TenantGate
+    from smg_trio.gateway.http.tracing import RequestSpan, Tracing
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 JSON_TYPE = "application/json"
+#: The request header naming a session for sticky ``cache_aware`` routing.
+SESSION_HEADER: Final = "x-session-id"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _MAX_REQUEST_ID = 256
 #: Error codes whose unfinished engine requests count as ``finished_reason="abort"`` in
@@ -101,17 +108,36 @@ def _random_id() -> str:
     return secrets.token_hex(16)
 
 
+def new_response_id(prefix: str) -> str:
+    """A response id the server makes: ``prefix`` and 50 random hex digits (200 bits, the
+    shape of OpenAI's ``resp_...`` ids)."""
+    return f"{prefix}{secrets.token_hex(25)}"
+
+
 class Gateway:
     """What the handlers share: the backend seam, config, metrics, and the source of engine
     request ids (see :meth:`engine_id`: a repeated ``x-request-id`` never collides on the
     engine)."""
 
     def __init__(
-        self, backend: GatewayBackend, config: GatewayHttpConfig, metrics: GatewayMetrics
+        self,
+        backend: GatewayBackend,
+        config: GatewayHttpConfig,
+        metrics: GatewayMetrics,
+        tracing: Tracing | None = None,
+        tenants: TenantGate | None = None,
     ) -> None:
         self.backend = backend
         self.config = config
         self.metrics = metrics
+        #: The request spans' tracer (``--otlp-traces-endpoint``); ``None``: tracing is off.
+        self.tracing = tracing
+        #: The tenants' keys and limits (``--api-keys-file``); ``None``: no tenants.
+        self.tenants = tenants
+        self.tenant_metrics: TenantCollector | None = None
+        if tenants is not None:
+            self.tenant_metrics = TenantCollector(tenants, tenants.table.names)
+            metrics.registry.register(self.tenant_metrics)
         # vLLM's convention (0.10+): the engine id is the external id plus a unique suffix.
         self._id_nonce = secrets.token_hex(3)
         self._id_seq = itertools.count()
@@ -162,22 +188,44 @@ class Gateway:
                 return str(value)
         return _random_id()
 
-    def check_auth(self, request: Request | AsgiRequest, *, x_api_key: bool = False) -> None:
-        """401 unless the bearer token matches the configured API key (if any); with
-        ``x_api_key`` (Anthropic's routes) an ``x-api-key`` header holding the key also does."""
-        if self._api_key is None:
-            return
+    def check_auth(
+        self, request: Request | AsgiRequest, *, x_api_key: bool = False
+    ) -> Tenant | None:
+        """401 unless the bearer token matches the configured API key or a tenant's key (if
+        any is configured); with ``x_api_key`` (Anthropic's routes) an ``x-api-key`` header
+        holding a key also does. Returns the tenant whose key it was (``None``: the shared
+        key, or no auth configured). Keys are compared in constant time."""
+        tenants = self.tenants
+        if self._api_key is None and tenants is None:
+            return None
+        headers = request.headers
         if x_api_key:
-            given = request.headers.get("x-api-key")
-            if given is not None and hmac.compare_digest(given.strip().encode(), self._api_key):
-                return
-        if not bearer_matches(request.headers.get("authorization", ""), self._api_key):
-            raise ApiError(
-                401,
-                "Incorrect API key provided.",
-                code="invalid_api_key",
-                error_type="authentication_error",
-            )
+            given = headers.get("x-api-key")
+            if given is not None:
+                found = self._key_of(given.strip().encode())
+                if found is not False:
+                    return found
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            found = self._key_of(token.strip().encode())
+            if found is not False:
+                return found
+        raise ApiError(
+            401,
+            "Incorrect API key provided.",
+            code="invalid_api_key",
+            error_type="authentication_error",
+        )
+
+    def _key_of(self, presented: bytes) -> Tenant | Literal[False] | None:
+        """``None`` for the shared ``--api-key``, the tenant of a tenant key, else False."""
+        if self._api_key is not None and hmac.compare_digest(presented, self._api_key):
+            return None
+        if self.tenants is not None:
+            tenant = self.tenants.table.lookup(presented)
+            if tenant is not None:
+                return tenant
+        return False
 
     async def resolve_model(self, name: str | None) -> ServedModel:
         """Exact, case- and space-sensitive lookup. A missing ``model`` picks the only known
@@ -236,6 +284,7 @@ class RequestCall:
         *,
         envelope: Envelope | None = None,
         x_api_key: bool = False,
+        server_ids: bool = False,
     ) -> None:
         self.gw = gw
         #: The error body of this API (OpenAI's unless it has its own).
@@ -245,7 +294,14 @@ class RequestCall:
         self.request = request
         self.request_id = gw.request_id(request)
         rid = self.request_id
-        self.response_id = rid if rid.startswith(id_prefix) else f"{id_prefix}{rid}"
+        #: The client's request id under the API's prefix: the base of the engine ids, so a
+        #: client's id correlates in logs and on the engine; never the id of a stored object.
+        self.client_ref = rid if rid.startswith(id_prefix) else f"{id_prefix}{rid}"
+        #: The response's ``id``. An API that stores its responses (``server_ids``) gets one
+        #: the server makes, random and unguessable, as OpenAI's are: a client's
+        #: ``x-request-id`` chose it before, so a second client sending the same header
+        #: replaced a stored conversation (issue 28 item 4).
+        self.response_id = new_response_id(id_prefix) if server_ids else self.client_ref
         self.created = int(time.time())
         self.start = time.perf_counter()
         self.first_batch: float | None = None
@@ -261,10 +317,20 @@ class RequestCall:
         self._adapter: str | None = None
         self._adapter_started = False
         self._lease: WorkerLease | None = None
+        #: What ``cache_aware`` routes by (the prompt, the session key); set by :meth:`lease`.
+        self._route: RouteRequest | None = None
         self._closed = False
         self._admitted = False
         #: Size of the request body, which decides whether tokenizing goes to a thread.
         self.body_bytes = 0
+        #: The tenant whose key authenticated the request (its metrics label), and the
+        #: tenant whose slot the request holds until :meth:`close`.
+        self.tenant_name: str = OTHER
+        self._tenant_held: Tenant | None = None
+        #: This request's span (``None`` unless tracing is on).
+        self.span: RequestSpan | None = (
+            None if gw.tracing is None else gw.tracing.start(request.headers, endpoint, rid)
+        )
         gw.metrics.in_flight.inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s started (Content-Type %r)", rid, endpoint, request.content_type)
@@ -281,7 +347,11 @@ class RequestCall:
         bodies held in memory are bounded by the admission limits (an upload is bounded in
         time by the body timeout). While draining: 503 before the body is read, so a stopping gateway spends
         nothing (reading, tokenizing) on requests it will refuse."""
-        self.gw.check_auth(self.request, x_api_key=self._x_api_key)
+        tenant = self.gw.check_auth(self.request, x_api_key=self._x_api_key)
+        if tenant is not None:
+            self.tenant_name = tenant.name
+            if self.span is not None:
+                self.span.set("smg.tenant", tenant.name)
         if self.gw.backend.draining:
             raise ApiError(503, "the gateway is shutting down", code="draining")
         mime = (self.request.mimetype or "").lower()
@@ -292,8 +362,32 @@ class RequestCall:
                 "only application/json is accepted",
                 code="unsupported_media_type",
             )
-        self.gw.admission.arrive(self)  # a slot, or a bounded queue place (else 429)
+        if tenant is not None and self.gw.tenants is not None:
+            self.gw.tenants.enter(tenant)  # 429 over the tenant's limits
+            self._tenant_held = tenant
+        gate = self.gw.admission
+        gate.arrive(self)  # a slot, or a bounded queue place (else 429)
         self._admitted = True
+        length = self.request.headers.get("content-length")
+        if not gate.may_read_body(self, int(length) if length and length.isdigit() else None):
+            await self._wait_turn(0)  # a body over the queue's budget: unread, priority 0
+            return await self._read_decode(type_)
+        body = await self._read_decode(type_)
+        # the wait for a slot is ordered by the body's priority (vLLM's: lower first)
+        await self._wait_turn(getattr(body, "priority", None) or 0)
+        return body
+
+    async def _wait_turn(self, priority: int) -> None:
+        """The admission slot (see :meth:`read_body`); the wait is the span's queue time."""
+        span = self.span
+        if span is None:
+            await self.gw.admission.wait_turn(self, priority)
+            return
+        queued = time.perf_counter()
+        await self.gw.admission.wait_turn(self, priority)
+        span.admitted(time.perf_counter() - queued)
+
+    async def _read_decode(self, type_: type[T]) -> T:
         try:
             data = await self.request.get_data(cache=False)
         except HTTPException as exc:
@@ -301,10 +395,7 @@ class RequestCall:
         if not isinstance(data, bytes):
             data = data.encode()
         self.body_bytes = len(data)
-        body = decode_body(data, type_)
-        # the wait for a slot is ordered by the body's priority (vLLM's: lower first)
-        await self.gw.admission.wait_turn(self, getattr(body, "priority", None) or 0)
-        return body
+        return decode_body(data, type_)
 
     def hold_adapter(self, served: ServedModel) -> None:
         """Count this request as using ``served``'s LoRA adapter (if any) until :meth:`close`:
@@ -320,31 +411,63 @@ class RequestCall:
         concurrency): a client that goes away waits for at most one encode of a prompt that
         can fit the context (larger ones are refused before encoding)."""
         if self.body_bytes < TOKENIZE_OFFLOAD_BYTES:
-            return fn()
-        return await trio.to_thread.run_sync(fn, limiter=self.gw.tokenizer_limiter)
+            out = fn()
+        else:
+            out = await trio.to_thread.run_sync(fn, limiter=self.gw.tokenizer_limiter)
+        if self.span is not None:
+            self.span.event("tokenized")
+        return out
 
     def reserve_ids(self) -> ResponseIds:
         """The response's ids, with a fresh engine request id base: the response id plus a
         gateway-unique suffix."""
-        self.engine_id = self.gw.engine_id(self.response_id)
+        self.engine_id = self.gw.engine_id(self.client_ref)
         return ResponseIds(self.response_id, self.created, self.engine_id)
 
-    async def lease(self, model_id: str) -> WorkerLease:
+    def route_of(self, body: object) -> RouteRequest | None:
+        """What ``cache_aware`` routes this request by: the first choice's prompt, its LoRA
+        adapter (the KV blocks' chain seed; the LoRA affinity prefers the workers holding it),
+        and the session key (the ``x-session-id`` header, else the body's ``prompt_cache_key``, else
+        its ``user``), which makes the routing sticky."""
+        if not self.subs:
+            return None
+        key = self.request.headers.get(SESSION_HEADER) or None
+        for name in ("prompt_cache_key", "user"):
+            if key is not None:
+                break
+            value = getattr(body, name, None)
+            key = value if isinstance(value, str) and value else None
+        return RouteRequest(
+            self.subs[0].request.prompt_token_ids, lora_name=self._adapter, session_key=key
+        )
+
+    def _hint_rank(self, lease: WorkerLease) -> None:
+        """Hand the policy's DP rank to the engine requests (the connector takes it unless
+        the client pinned ``data_parallel_rank``)."""
+        for sub in self.subs:
+            sub.request.rank_hint = lease.rank_hint
+
+    async def lease(self, model_id: str, route: RouteRequest | None = None) -> WorkerLease:
         """Take a worker for this request, released by :meth:`close`. With none ready (a
         rolling update, a restarting engine), wait up to the backend's bound for one; then
-        503 with ``Retry-After``."""
+        503 with ``Retry-After``. ``route``: see :meth:`route_of`."""
         backend = self.gw.backend
         await backend.wait_for_worker(model_id)
         if backend.draining:
             raise ApiError(503, "the gateway is shutting down", code="draining")
-        cm = backend.lease(model_id, adapter=self._adapter)
+        self._route = route
+        cm = backend.lease(model_id, (), route)
         lease = cm.__enter__()
         self._lease_cm, self._lease = cm, lease
+        self._hint_rank(lease)
         metrics = self.gw.metrics
         metrics.track_worker(lease.worker_id, lease.client)
         self._model = metrics.model(model_id)
         if len(self.subs) == 1:  # n>1 interleaves its choices' batches: no per-choice ITL
             self._itl = self._model.itl
+        if self.span is not None:  # also puts its context in the engine requests
+            policy = getattr(backend, "policy", None)
+            self.span.routed(model_id, lease.worker_id, getattr(policy, "name", ""), self.subs)
         return lease
 
     async def run_with_retry(
@@ -365,6 +488,8 @@ class RequestCall:
             if other is None:
                 raise
             log.info("%s: %s; retrying on worker %s", self.request_id, exc, other.worker_id)
+            if self.span is not None:
+                self.span.event("retried", {"smg.worker.id": other.worker_id})
             await run(other.client)
 
     def _lease_elsewhere(self, model_id: str) -> WorkerLease | None:
@@ -372,12 +497,13 @@ class RequestCall:
         old_cm, old = self._lease_cm, self._lease
         assert old_cm is not None
         assert old is not None
-        cm = self.gw.backend.lease(model_id, exclude=(old.worker_id,), adapter=self._adapter)
+        cm = self.gw.backend.lease(model_id, (old.worker_id,), self._route)
         try:
             lease = cm.__enter__()
         except NoWorkerAvailable:
             return None
         self._lease_cm, self._lease = cm, lease
+        self._hint_rank(lease)
         old_cm.__exit__(None, None, None)
         self.gw.metrics.track_worker(lease.worker_id, lease.client)
         return lease
@@ -394,6 +520,8 @@ class RequestCall:
             if self._adapter is not None and not self._adapter_started:
                 self._adapter_started = True
                 self.gw.backend.loras.start(self._adapter)
+            if self.span is not None:
+                self.span.event("first_token")
         elif self._itl is not None:
             self._itl.observe(now - last)
 
@@ -431,14 +559,16 @@ class RequestCall:
             return
         self._closed = True
         gw = self.gw
-        log.debug(
-            "%s %s finished: %d %s%s",
-            self.request_id,
-            self.endpoint,
-            status,
-            error_code or "",
-            f" (LoRA adapter {self._adapter!r})" if self._adapter else "",
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s %s finished: %d %s (tenant %s)%s",
+                self.request_id,
+                self.endpoint,
+                status,
+                error_code or "",
+                self.tenant_name,
+                f" (LoRA adapter {self._adapter!r})" if self._adapter else "",
+            )
         gw.metrics.in_flight.dec()
         if self._admitted:
             self._admitted = False
@@ -470,6 +600,26 @@ class RequestCall:
             completion_tokens=completion_tokens,
             error_code=error_code,
         )
+        held, self._tenant_held = self._tenant_held, None
+        if held is not None and gw.tenants is not None:
+            # the prompt counts once an engine got it (a lease was taken)
+            leased = cm is not None
+            gw.tenants.leave(held, (self.prompt_tokens if leased else 0) + completion_tokens)
+        if gw.tenant_metrics is not None:
+            gw.tenant_metrics.finished(
+                self.tenant_name, status, self.prompt_tokens, completion_tokens
+            )
+        span, self.span = self.span, None
+        if span is not None:
+            span.end(
+                status,
+                error_code,
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=completion_tokens,
+                sequences=len(self.subs),
+                e2e_s=end - self.start,
+                ttft_s=ttft_s,
+            )
         model, self._model = self._model, None
         if model is not None:
             first, last = self.first_batch, self._last_batch

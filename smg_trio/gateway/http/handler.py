@@ -35,7 +35,7 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
                 return call.ok_response(job.result(None))
             renderer = job.renderer()
             return sse_whole(call, renderer.start() + renderer.end() + stream_done(renderer))
-        client = (await call.lease(served.engine_model_id)).client
+        client = (await call.lease(served.engine_model_id, call.route_of(body))).client
         check_data_parallel_rank(job.data_parallel_rank, client.ranks)
         if job.stream:
             response = await sse_response(call, client, job.subs, job.renderer())

@@ -194,6 +194,26 @@ class _VllmCollector(Collector):
     def __init__(self, stats: dict[str, ModelStats]) -> None:
         self._stats = stats
         self.backend: GatewayBackend | None = None
+        #: Prefix cache counters per model: the engines' own, carried over engine clients
+        #: that come and go (a removed worker's counts stay), so each series only grows.
+        self._prefix_cache: dict[str, list[int]] = {}
+        self._prefix_seen: dict[int, tuple[EngineClient, int, int]] = {}
+
+    def _prefix_cache_counts(self) -> dict[str, list[int]]:
+        """``model_id -> [queries, hits]``: what each live client counted since the last
+        scrape, added to the totals."""
+        backend = self.backend
+        if backend is None:
+            return self._prefix_cache
+        seen: dict[int, tuple[EngineClient, int, int]] = {}
+        for model_id, client in backend.engine_clients():
+            _, queries, hits = self._prefix_seen.get(id(client), (client, 0, 0))
+            total = self._prefix_cache.setdefault(model_id, [0, 0])
+            total[0] += client.prefix_cache_queries - queries
+            total[1] += client.prefix_cache_hits - hits
+            seen[id(client)] = (client, client.prefix_cache_queries, client.prefix_cache_hits)
+        self._prefix_seen = seen  # holding the clients keeps their ids unique
+        return self._prefix_cache
 
     def _loads(self) -> dict[str, tuple[int, int, list[float]]]:
         """``model_id -> (running, waiting, per-rank KV usage)`` over the live engines; every
@@ -291,6 +311,102 @@ class _VllmCollector(Collector):
                 family.add_metric([model_id], hist.buckets(), hist.sum)
         yield from (prompt, generation, success, *hists.values())
 
+        queries = CounterMetricFamily(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            labels=["model_name"],
+        )
+        hits = CounterMetricFamily(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            labels=["model_name"],
+        )
+        counts = self._prefix_cache_counts()
+        for model_id in sorted({*loads, *counts}):
+            n_queries, n_hits = counts.get(model_id, (0, 0))
+            queries.add_metric([model_id], n_queries)
+            hits.add_metric([model_id], n_hits)
+        yield from (queries, hits)
+
+
+class _RoutingCollector(Collector):
+    """``cache_aware``'s KV block index and event feed, read at scrape time from the backend
+    (``routing_snapshot()``, where it has one). Labels: ``worker`` and ``rank`` of the
+    registered engines only (a removed worker's series go with it), ``reason`` from fixed
+    sets."""
+
+    def __init__(self, backend: GatewayBackend) -> None:
+        self.backend = backend
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot_of = getattr(self.backend, "routing_snapshot", None)
+        snap = snapshot_of() if snapshot_of is not None else None
+        if snap is None:
+            return
+        labels = ["worker", "rank"]
+        blocks = GaugeMetricFamily(
+            "smg_kv_index_blocks", "KV blocks indexed per engine", labels=labels
+        )
+        source = GaugeMetricFamily(
+            "smg_kv_index_from_events",
+            "1 when the engine is indexed by its KV events, 0 by the prompts routed to it",
+            labels=labels,
+        )
+        lag = GaugeMetricFamily(
+            "smg_kv_events_lag_seconds",
+            "Age of the engine's last KV event batch when it arrived",
+            labels=labels,
+        )
+        counters = {
+            "events_received": CounterMetricFamily(
+                "smg_kv_events_received", "KV events received", labels=labels
+            ),
+            "batches": CounterMetricFamily(
+                "smg_kv_event_batches", "KV event batches applied", labels=labels
+            ),
+            "gaps": CounterMetricFamily(
+                "smg_kv_event_gaps", "Sequence gaps (the start included)", labels=labels
+            ),
+            "duplicates": CounterMetricFamily(
+                "smg_kv_event_duplicates", "Batches dropped as already seen", labels=labels
+            ),
+            "resets": CounterMetricFamily(
+                "smg_kv_index_resets",
+                "Times the engine's index was reset (gap, AllBlocksCleared)",
+                labels=labels,
+            ),
+            "replays": CounterMetricFamily(
+                "smg_kv_event_replays", "Replays asked of the engine", labels=labels
+            ),
+            "malformed": CounterMetricFamily(
+                "smg_kv_events_malformed", "Malformed KV event messages dropped", labels=labels
+            ),
+        }
+        for e in snap.engines:
+            key = [e.worker, str(e.rank)]
+            blocks.add_metric(key, e.blocks)
+            source.add_metric(key, 1.0 if e.events else 0.0)
+            if e.events:
+                lag.add_metric(key, e.lag_s)
+                for name, family in counters.items():
+                    family.add_metric(key, getattr(e, name))
+        yield from (blocks, source, lag, *counters.values())
+        dropped = CounterMetricFamily(
+            "smg_kv_index_dropped",
+            "Blocks or events the index dropped or forgot, by reason",
+            labels=["reason"],
+        )
+        for reason, n in sorted(snap.dropped.items()):
+            dropped.add_metric([reason], n)
+        decisions = CounterMetricFamily(
+            "smg_router_cache_aware_decisions",
+            "cache_aware choices by reason (cache, placement, session, balance)",
+            labels=["reason"],
+        )
+        for reason, n in sorted(snap.decisions.items()):
+            decisions.add_metric([reason], n)
+        yield from (dropped, decisions)
+
 
 class _AdmissionCollector(Collector):
     """The admission gate's queue and refusals, read at scrape time."""
@@ -347,7 +463,14 @@ class GatewayMetrics:
       ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
       ``vllm:request_success_total{finished_reason}``, ``vllm:time_to_first_token_seconds``,
       ``vllm:inter_token_latency_seconds``, ``vllm:request_time_per_output_token_seconds``,
-      ``vllm:e2e_request_latency_seconds``.
+      ``vllm:e2e_request_latency_seconds``;
+    - with ``--policy cache_aware`` (per registered engine, ``worker`` and ``rank``):
+      ``smg_kv_index_blocks``, ``smg_kv_index_from_events``, ``smg_kv_events_lag_seconds``,
+      ``smg_kv_events_received_total``, ``smg_kv_event_batches_total``,
+      ``smg_kv_event_gaps_total``, ``smg_kv_event_duplicates_total``,
+      ``smg_kv_index_resets_total``, ``smg_kv_event_replays_total``,
+      ``smg_kv_events_malformed_total``; ``smg_kv_index_dropped_total{reason}``,
+      ``smg_router_cache_aware_decisions_total{reason}``.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -388,10 +511,17 @@ class GatewayMetrics:
         self._models: dict[str, ModelStats] = {}
         self._vllm = _VllmCollector(self._models)
         r.register(self._vllm)
+        self._routing: _RoutingCollector | None = None
 
     def watch_backend(self, backend: GatewayBackend) -> None:
-        """Read the ``vllm:*`` gauges from ``backend``'s live engines at scrape time."""
+        """Read the ``vllm:*`` gauges from ``backend``'s live engines, and ``cache_aware``'s
+        index series from it, at scrape time."""
         self._vllm.backend = backend
+        if self._routing is None:
+            self._routing = _RoutingCollector(backend)
+            self.registry.register(self._routing)
+        else:
+            self._routing.backend = backend
 
     def model(self, model_id: str) -> ModelStats:
         """The ``vllm:*`` request stats of ``model_id`` (created on first use)."""

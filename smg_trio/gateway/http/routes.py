@@ -50,6 +50,7 @@ def _route(gw: Gateway, api: InferenceApi[Any]) -> Route:
             api.id_prefix,
             envelope=getattr(api, "envelope", None),
             x_api_key=bool(getattr(api, "x_api_key", False)),
+            server_ids=bool(getattr(api, "server_ids", False)),
         )
         return await handle(api, call)
 

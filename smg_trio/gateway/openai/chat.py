@@ -250,6 +250,7 @@ class ChatDraft:
             reasoning=reasoning is not None,
             prompt_ids=prompt_ids,
             prompt_k=body.prompt_logprobs,
+            prompt_tokens_details=config.enable_prompt_tokens_details,
         )
 
 
@@ -274,6 +275,9 @@ class ChatJob:
     prompt_ids: list[int]
     prompt_k: int | None
     answered: bool = False
+    #: Report ``usage.prompt_tokens_details`` (``--enable-prompt-tokens-details``).
+    prompt_tokens_details: bool = False
+    choices_per_prompt: int = 1
 
     def renderer(self) -> ChatStreamRenderer:
         """The ``chat.completion.chunk`` renderer of this request's stream."""
@@ -307,7 +311,7 @@ class ChatJob:
             created=self.ids.created,
             model=self.served.model_id,
             choices=choices,
-            usage=usage_of(self.prompt_tokens, self.subs),
+            usage=usage_of(self.prompt_tokens, self.subs, details=self.prompt_tokens_details),
         )
         if self.prompt_k is not None:
             out.prompt_logprobs = prompt_logprobs(

@@ -215,6 +215,7 @@ class CompletionDraft:
             prompt_k=body.prompt_logprobs,
             include_usage=bool(opts and opts.include_usage),
             continuous_usage=bool(opts and opts.continuous_usage_stats),
+            prompt_tokens_details=self.config.enable_prompt_tokens_details,
         )
 
 
@@ -240,6 +241,13 @@ class CompletionJob:
     prompt_k: int | None
     include_usage: bool
     continuous_usage: bool
+    #: Report ``usage.prompt_tokens_details`` (``--enable-prompt-tokens-details``).
+    prompt_tokens_details: bool = False
+
+    @property
+    def choices_per_prompt(self) -> int:
+        """The sub-requests of each prompt (``n``): its cached tokens count once."""
+        return self.n
 
     def framer(self) -> ChunkFramer:
         """The chunk framer of this request's stream."""
@@ -259,7 +267,12 @@ class CompletionJob:
             created=self.ids.created,
             model=self.served.model_id,
             choices=self.choices(collected),
-            usage=usage_of(self.prompt_tokens, self.subs),
+            usage=usage_of(
+                self.prompt_tokens,
+                self.subs,
+                details=self.prompt_tokens_details,
+                per_prompt=self.n,
+            ),
         )
 
     def choices(self, collected: ChoiceCollector | None) -> list[CompletionChoice]:

@@ -17,11 +17,12 @@ from smg_trio.connector.stream import RequestStream
 from smg_trio.errors import RequestStreamClosed
 from smg_trio.exc_groups import first_failure
 from smg_trio.gateway.openai.errors import EngineRequestFailed
-from smg_trio.gateway.openai.schemas import Usage
+from smg_trio.gateway.openai.schemas import PromptTokensDetails, Usage
 from smg_trio.gateway.openai.textgen import ChoicePipeline, TextDelta
 from smg_trio.protocol.types import EngineOutput, GenerateRequest
 
 __all__ = [
+    "cached_tokens_of",
     "usage_of",
     "take_outputs",
     "SEED_MODULUS",
@@ -165,7 +166,25 @@ async def run_all(
         raise first_failure(group) from None
 
 
-def usage_of(prompt_tokens: int, subs: Sequence[SubRequest]) -> Usage:
-    """OpenAI ``usage``: the prompt counted once, completion tokens summed over the choices."""
+def cached_tokens_of(subs: Sequence[SubRequest], per_prompt: int = 1) -> int:
+    """The prompt tokens the engines found cached, once per prompt (the first of each
+    prompt's ``per_prompt`` choices, as the prompt itself is counted once); 0 where an engine
+    reported none."""
+    return sum(s.pipeline.cached_tokens or 0 for s in subs[::per_prompt])
+
+
+def usage_of(
+    prompt_tokens: int,
+    subs: Sequence[SubRequest],
+    *,
+    details: bool = False,
+    per_prompt: int = 1,
+) -> Usage:
+    """OpenAI ``usage``: the prompt counted once, completion tokens summed over the choices;
+    with ``details`` (``--enable-prompt-tokens-details``, as vLLM's server),
+    ``prompt_tokens_details.cached_tokens`` too."""
     completion = sum(s.pipeline.completion_tokens for s in subs)
-    return Usage(prompt_tokens, completion, prompt_tokens + completion)
+    usage = Usage(prompt_tokens, completion, prompt_tokens + completion)
+    if details:
+        usage.prompt_tokens_details = PromptTokensDetails(cached_tokens_of(subs, per_prompt))
+    return usage

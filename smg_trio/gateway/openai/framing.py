@@ -81,29 +81,43 @@ class UsageJob(Protocol):
     @property
     def continuous_usage(self) -> bool: ...
 
+    @property
+    def prompt_tokens_details(self) -> bool: ...
+
+    @property
+    def choices_per_prompt(self) -> int: ...
+
 
 class StreamUsage:
     """A stream's ``stream_options`` usage: the running ``usage`` of each chunk with
     ``continuous_usage_stats``, the final usage chunk with ``include_usage``."""
 
-    __slots__ = ("_continuous", "_framer", "_include", "_prompt_tokens", "_subs")
+    __slots__ = ("_continuous", "_framer", "_include", "_job")
 
     def __init__(self, framer: ChunkFramer, job: UsageJob) -> None:
         self._framer = framer
-        self._prompt_tokens = job.prompt_tokens
-        self._subs = job.subs
+        self._job = job
         self._include = job.include_usage
         self._continuous = job.continuous_usage
 
     def running(self) -> Usage | None:
         """The ``usage`` to put on a chunk now (``None``: none asked)."""
-        return usage_of(self._prompt_tokens, self._subs) if self._continuous else None
+        return self._usage() if self._continuous else None
+
+    def _usage(self) -> Usage:
+        job = self._job
+        return usage_of(
+            job.prompt_tokens,
+            job.subs,
+            details=job.prompt_tokens_details,
+            per_prompt=job.choices_per_prompt,
+        )
 
     def final(self) -> bytes:
         """The usage chunk that ends the stream before ``[DONE]``, or nothing."""
         if not self._include:
             return b""
-        return self._framer.usage_frame(usage_of(self._prompt_tokens, self._subs))
+        return self._framer.usage_frame(self._usage())
 
 
 class StreamRenderer(Protocol):

@@ -18,7 +18,7 @@ from smg_trio.gateway.openai.api import ResponseIds
 from smg_trio.gateway.openai.calls import Call, call_input, input_json, merge_calls, needs_flags
 from smg_trio.gateway.openai.chat import CHAT, ChatDraft, ChatJob, ChatJobView
 from smg_trio.gateway.openai.errors import anthropic_envelope, to_api_error
-from smg_trio.gateway.openai.fanout import SubRequest
+from smg_trio.gateway.openai.fanout import SubRequest, cached_tokens_of
 from smg_trio.gateway.openai.messages_schemas import (
     AnthropicMessage,
     AnthropicUsage,
@@ -344,8 +344,18 @@ class MessagesJob(ChatJobView):
             content=content,
             stop_reason=reason,
             stop_sequence=sequence,
-            usage=AnthropicUsage(self.prompt_tokens, pipeline.completion_tokens),
+            usage=_usage(self.chat, pipeline.completion_tokens),
         )
+
+
+def _usage(chat: ChatJob, output_tokens: int) -> AnthropicUsage:
+    """Anthropic's ``usage``. With ``--enable-prompt-tokens-details`` the prompt tokens read
+    from the engine's prefix cache are ``cache_read_input_tokens`` and ``input_tokens`` the
+    rest, as vLLM's Messages API reports them."""
+    if not chat.prompt_tokens_details:
+        return AnthropicUsage(chat.prompt_tokens, output_tokens)
+    cached = cached_tokens_of(chat.subs)
+    return AnthropicUsage(chat.prompt_tokens - cached, output_tokens, cached)
 
 
 class MessagesStreamRenderer:
@@ -430,6 +440,13 @@ class MessagesStreamRenderer:
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
             "usage": {"output_tokens": pipeline.completion_tokens},
         }
+        if job.chat.prompt_tokens_details:  # the cache reads are known now
+            usage = _usage(job.chat, pipeline.completion_tokens)
+            message_delta["usage"] = {
+                "input_tokens": usage.input_tokens,
+                "cache_read_input_tokens": usage.cache_read_input_tokens,
+                "output_tokens": usage.output_tokens,
+            }
         return (
             out
             + _sse("message_delta", message_delta)

@@ -48,11 +48,14 @@ class CountTokensResponse(msgspec.Struct):
     input_tokens: int
 
 
-class AnthropicUsage(msgspec.Struct):
-    """``usage``: prompt and generated token counts."""
+class AnthropicUsage(msgspec.Struct, omit_defaults=True):
+    """``usage``: prompt and generated token counts (``cache_read_input_tokens``, the prompt
+    tokens read from the prefix cache, only with ``--enable-prompt-tokens-details``; then
+    ``input_tokens`` excludes them)."""
 
     input_tokens: int
     output_tokens: int
+    cache_read_input_tokens: int | None = None
 
 
 class AnthropicMessage(msgspec.Struct, kw_only=True):

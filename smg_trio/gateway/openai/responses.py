@@ -206,6 +206,8 @@ class ResponsesApi:
     store: ResponseStoreLike | None = None
     name = "responses"
     id_prefix = "resp_"
+    #: Its responses are stored objects: their ids are the server's, never the client's.
+    server_ids = True
     body_type = ResponsesRequest
 
     def check(
@@ -302,7 +304,7 @@ class ResponsesJob(ChatJobView):
             out_tokens = pipeline.completion_tokens
             usage = {
                 "input_tokens": self.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": pipeline.cached_tokens or 0},
                 "output_tokens": out_tokens,
                 "output_tokens_details": {
                     "reasoning_tokens": min(len(tok.encode(reasoning)), out_tokens)

@@ -33,6 +33,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     truncation: str | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
+    #: OpenAI's cache routing key: sticky routing under ``--policy cache_aware``.
+    prompt_cache_key: str | None = None
     #: Not OpenAI's (a response has one output): read only to refuse anything but 1.
     n: int | None = None
 

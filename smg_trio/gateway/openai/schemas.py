@@ -100,6 +100,9 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     use_beam_search: bool | None = False
     truncate_prompt_tokens: int | None = None
     user: str | None = None
+    #: OpenAI's cache routing key: with ``--policy cache_aware`` it makes routing sticky
+    #: (as the ``x-session-id`` header, and ``user`` when neither is set).
+    prompt_cache_key: str | None = None
 
 
 class ChatCompletionRequest(SamplingRequest, kw_only=True):

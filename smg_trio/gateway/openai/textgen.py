@@ -141,6 +141,7 @@ class ChoicePipeline:
         "_pending",
         "_reasoning",
         "_tools",
+        "cached_tokens",
         "completion_tokens",
         "failure",
         "finish_reason",
@@ -191,6 +192,8 @@ class ChoicePipeline:
         self.tool_calls_made = 0
         self._lp: LogprobRun | None = LogprobRun() if params.logprobs else None
         self.completion_tokens = 0
+        #: The prompt tokens the engine found in its prefix cache, once it reported them.
+        self.cached_tokens: int | None = None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.gateway_stopped = False
@@ -218,6 +221,8 @@ class ChoicePipeline:
         for out in outputs:
             if self.finish_reason is not None:
                 break
+            if out.cached_tokens is not None:
+                self.cached_tokens = out.cached_tokens
             reason = out.finish_reason
             if reason == "error" or reason == "abort":
                 failure = (

@@ -23,7 +23,6 @@ so the stuck-write sweeps and the write timeout cover it; its exchange is the re
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,6 +35,7 @@ from hypercorn.config import Config
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.utils import build_and_validate_headers, parse_socket_addr
 
+from smg_trio.gateway.server import faults
 from smg_trio.gateway.server.asgi_shield import ASGIApp, Message, Scope
 from smg_trio.gateway.server.direct import GONE, LAST_CHUNK, DirectWriter, frame_chunk
 from smg_trio.gateway.server.fixes import Fix, missing_attrs, probe_config
@@ -44,7 +44,6 @@ from smg_trio.gateway.server.hypercorn_errors import protocol_error
 
 __all__ = ["FIX", "FastHttp1", "Head", "ReplayStream", "parse_head"]
 
-log = logging.getLogger(__name__)
 
 MAX_RECV: Final = 1 << 16
 
@@ -202,11 +201,15 @@ class FastHttp1:
             scope.cancel()
 
     async def serve(self, stream: trio.SocketStream) -> None:
-        async with trio.open_nursery() as nursery:
+        with faults.connection_scope():
             try:
-                await self._serve(_Connection(self, stream, nursery))
-            finally:
-                nursery.cancel_scope.cancel()  # the connection's reader, if it started one
+                async with trio.open_nursery() as nursery:
+                    try:
+                        await self._serve(_Connection(self, stream, nursery))
+                    finally:
+                        nursery.cancel_scope.cancel()  # the connection's reader, if any
+            except BaseException as exc:  # its faults end here; Cancelled goes on
+                faults.contain("HTTP/1.1 fast path", exc)
 
     async def _serve(self, conn: _Connection) -> None:
         stream = conn.stream
@@ -233,8 +236,8 @@ class FastHttp1:
                     return
         except OSError:
             pass
-        except Exception:  # a fault of this connection must not take the server down
-            log.exception("HTTP/1.1 fast path: connection failed")
+        except Exception as exc:  # a fault of this connection must not take the server down
+            faults.note("HTTP/1.1 fast path", exc)
         finally:
             if not handed_over:
                 self.connections.discard(conn)

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import h11
 from hypercorn.config import Config
-from hypercorn.events import Closed, Event
+from hypercorn.events import Closed, Event, RawData
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
@@ -27,6 +27,8 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
 from smg_trio.gateway.openai.errors import ApiError
+from smg_trio.gateway.server import faults
+from smg_trio.gateway.server.asgi_guard import NO_WEBSOCKET
 from smg_trio.gateway.server.fixes import Fix, missing_attrs, probe_config
 
 __all__ = [
@@ -49,15 +51,18 @@ def protocol_error_body(status: int) -> bytes:
     ).body()
 
 
-def protocol_error(status: int) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """The headers and body of a protocol error's answer (the connection then closes)."""
-    body = protocol_error_body(status)
-    headers = [
+def _close_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    return [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
     ]
-    return headers, body
+
+
+def protocol_error(status: int) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The headers and body of a protocol error's answer (the connection then closes)."""
+    body = protocol_error_body(status)
+    return _close_headers(body), body
 
 
 #: The attribute of hypercorn's ``Config`` that says whether cleartext HTTP/2 is served
@@ -65,11 +70,81 @@ def protocol_error(status: int) -> tuple[list[tuple[bytes, bytes]], bytes]:
 HTTP2_ENABLED_ATTR: Final = "smg_trio_enable_http2"
 
 
+class _Refused(Exception):
+    """The request was answered by the protocol itself and the connection closed."""
+
+
+class _Dead:
+    """The h11 connection of a connection closed on a fault: it reads nothing more (the
+    reader task ends) and sends nothing (quietly: ``their_state`` is ``ERROR``)."""
+
+    our_state = h11.ERROR
+    their_state = h11.ERROR
+    they_are_waiting_for_100_continue = False
+    trailing_data = (b"", False)
+
+    def receive_data(self, data: bytes) -> None:
+        pass
+
+    def next_event(self) -> h11.ConnectionClosed:
+        return h11.ConnectionClosed()
+
+    def send(self, event: Any) -> bytes:
+        raise h11.LocalProtocolError("the connection was closed on a fault")
+
+    def start_next_cycle(self) -> None:
+        raise h11.LocalProtocolError("the connection was closed on a fault")
+
+
+def _is_websocket(request: h11.Request) -> bool:
+    """hypercorn 0.18's test (``H11Protocol._create_stream``) for a WebSocket handshake."""
+    upgrade = connection = ""
+    for name, value in request.headers:
+        key = name.decode("latin1").strip().lower()
+        if key == "upgrade":
+            upgrade = value.decode("latin1").strip()
+        elif key == "connection":
+            connection = value.decode("latin1").strip()
+    return (
+        any(token.strip() == "upgrade" for token in connection.lower().split(","))
+        and upgrade.lower() == "websocket"
+        and request.method.upper() == b"GET"
+    )
+
+
 class EnvelopeH11Protocol(H11Protocol):
     """hypercorn's HTTP/1.1 protocol, whose protocol errors carry the OpenAI envelope, and
-    which hands over to HTTP/2 only when the server enables it (``--enable-http2``)."""
+    which hands over to HTTP/2 only when the server enables it (``--enable-http2``).
+
+    A WebSocket handshake is refused here, before any stream or app task exists (the
+    :class:`~smg_trio.gateway.server.asgi_guard.RequestGuard` refusal stays for other
+    servers): hypercorn's ``WSStream`` answered bytes sent after the handshake with a 400 of
+    its own while the app's refusal was being written, and the two responses' h11 events
+    raised ``LocalProtocolError`` out of the connection, which took the server down (issue
+    28 item 3). Any ``LocalProtocolError`` while sending now closes its connection, with one
+    rate-limited line (:mod:`~smg_trio.gateway.server.faults`), and nobody sees it raised.
+    """
 
     _refused = False
+
+    async def handle(self, event: Event) -> None:
+        try:
+            await super().handle(event)
+        except _Refused:
+            pass
+
+    async def _send_h11_event(self, event: Any) -> None:
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError as error:
+            if self.connection.their_state == h11.ERROR:
+                return  # hypercorn's own rule: the client broke the protocol first
+            faults.note("HTTP/1.1", error)
+            self.connection = _Dead()  # type: ignore[assignment]
+            await self.can_read.set()  # a reader parked (h11 PAUSED) wakes and ends
+            await self.send(Closed())
+        else:
+            await self.send(RawData(data=data))
 
     async def _check_protocol(self, event: h11.Request) -> None:
         if getattr(self.config, HTTP2_ENABLED_ATTR, False):
@@ -83,13 +158,21 @@ class EnvelopeH11Protocol(H11Protocol):
         # an ``Upgrade: h2c`` is ignored: the request is answered in HTTP/1.1 (RFC 9110 7.8)
 
     async def _create_stream(self, request: h11.Request) -> None:
-        if not self._refused:
-            await super()._create_stream(request)
+        if self._refused:
+            return
+        if _is_websocket(request):
+            await self._send_error(NO_WEBSOCKET.status, NO_WEBSOCKET.body())
+            await self.send(Closed())
+            raise _Refused
+        await super()._create_stream(request)
 
     async def _send_error_response(self, status_code: int) -> None:
         if status_code == 501:  # h11's hint for a transfer coding it does not know: bad input
             status_code = 400
-        headers, body = protocol_error(status_code)
+        await self._send_error(status_code, protocol_error_body(status_code))
+
+    async def _send_error(self, status_code: int, body: bytes) -> None:
+        headers = _close_headers(body)
         await self._send_h11_event(
             h11.Response(
                 status_code=status_code,

@@ -30,7 +30,13 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState, LifespanState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
-from smg_trio.gateway.server import direct, fast_http1, hypercorn_close, hypercorn_errors
+from smg_trio.gateway.server import (
+    direct,
+    fast_http1,
+    faults,
+    hypercorn_close,
+    hypercorn_errors,
+)
 from smg_trio.gateway.server.fast_http1 import FastHttp1
 from smg_trio.gateway.server.fixes import Fix
 from smg_trio.gateway.server.hypercorn_close import (
@@ -47,9 +53,17 @@ log = logging.getLogger(__name__)
 
 class GatewayTCPServer(ClosingTCPServer):
     """The connection of smg_trio's servers: closed under its send lock, tracked for the
-    stuck-write sweeps, HTTP/1.1 protocol errors in the OpenAI envelope."""
+    stuck-write sweeps, HTTP/1.1 protocol errors in the OpenAI envelope, and any fault while
+    serving it kept in it (:func:`~smg_trio.gateway.server.faults.contain`)."""
 
     protocol_wrapper = EnvelopeProtocolWrapper
+
+    async def run(self) -> None:
+        with faults.connection_scope():
+            try:
+                await super().run()
+            except BaseException as exc:  # its faults end here; Cancelled goes on
+                faults.contain("HTTP connection", exc)
 
 
 #: This loop's own reliance on hypercorn (the pieces of ``worker_serve`` it reuses).

@@ -38,6 +38,13 @@ __all__ = [
 #: A function or parameter name longer than this is not one.
 NAME_CAP = 256
 
+#: A pushed piece longer than this is parsed this many characters at a time. Each step cuts
+#: what it consumed off the front of the buffer and searches what remains, which in one big
+#: piece (a mock script, a whole response) made a parse quadratic; with the pieces bounded,
+#: every step costs at most this plus what a state holds back (a partial tag, a name up to
+#: ``NAME_CAP``), whatever the feeding (issue 28 item 7). The output does not depend on it.
+PIECE_CHARS = 512
+
 #: The states: outside calls, after a call's end (whitespace held), a call read as raw text,
 #: a function name, between parameters, a parameter key, its value. A subclass numbers its
 #: own states from ``OWN``.
@@ -68,25 +75,37 @@ class XmlCallsParser:
     def __init__(self, tools: Sequence[ToolSpec]) -> None:
         self._types = param_types(tools)
         self._buf = ""
-        self._raw = ""  # consumed text not yet content nor part of an emitted call
+        #: Consumed text not yet content nor part of an emitted call, in pieces (a skipped
+        #: call's text can be long: joined once, when it is decided).
+        self._raw: list[str] = []
         self._value: ValueStream | None = None
         self._state = OUT
         self._index = 0
         self._args = ArgsWriter({})
 
     def push(self, text: str) -> tuple[str, list[ToolCallDelta]]:
-        self._buf += text
-        return self._drive(final=False)
+        if len(text) <= PIECE_CHARS:
+            self._buf += text
+            return self._drive(final=False)
+        content: list[str] = []
+        calls: list[ToolCallDelta] = []
+        for start in range(0, len(text), PIECE_CHARS):
+            self._buf += text[start : start + PIECE_CHARS]
+            more, deltas = self._drive(final=False)
+            content.append(more)
+            calls += deltas
+        return "".join(content), merge_deltas(calls)
 
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
         content, calls = self._drive(final=True)
         if self._state in self.RAW_STATES:
-            content += self._raw + self._buf
+            content += self._take_raw() + self._buf
         elif self._state in self.OPEN_STATES:
             if self._state == VALUE and self._value is not None:  # kept as far as it came
                 calls.append(ToolCallDelta(index=self._index, arguments=self._value.end()))
             calls.append(self._close())
-        self._buf = self._raw = ""
+        self._buf = ""
+        self._raw = []
         self._value = None
         self._state = OUT
         return content, merge_deltas(calls)
@@ -115,9 +134,16 @@ class XmlCallsParser:
     def _lstrip_raw(self, buf: str) -> str:
         """``buf`` without its leading whitespace, which is added to the raw text."""
         rest = buf.lstrip()
-        self._raw += buf[: len(buf) - len(rest)]
+        if len(rest) < len(buf):
+            self._raw.append(buf[: len(buf) - len(rest)])
         self._buf = rest
         return rest
+
+    def _take_raw(self) -> str:
+        """The raw text so far (now empty)."""
+        raw = "".join(self._raw)
+        self._raw = []
+        return raw
 
     def _start_call(self, name: str, calls: list[ToolCallDelta]) -> bool:
         """Emits the call's ``name`` and opens its arguments; ``False`` (the call is skipped
@@ -127,7 +153,7 @@ class XmlCallsParser:
             return False
         calls.append(ToolCallDelta(index=self._index, name=name))
         self._args = ArgsWriter(self._types.get(name, {}))
-        self._raw = ""
+        self._raw = []
         self._state = BODY
         return True
 
@@ -153,24 +179,23 @@ class XmlCallsParser:
                 if not buf.startswith(self.TOOL_CALL):
                     if not final and self.TOOL_CALL.startswith(buf):
                         return True
-                    content.append(self._raw)  # text after a call: content again
-                self._raw = ""
+                    content.append(self._take_raw())  # text after a call: content again
+                self._raw = []
                 self._state = OUT
             pos, marker = find_marker(buf, (self.TOOL_CALL,))
             if marker is None:
                 content.append(self._certain(buf, pos, final))
                 return True
             content.append(buf[:pos])
-            self._raw = marker
+            self._raw = [marker]
             self._buf = buf[pos + len(marker) :]
             self._state = self.OPENED
         elif state == SKIP:
             pos, marker = find_marker(buf, (self.TOOL_CALL_END,))
             if marker is None:
-                self._raw += self._certain(buf, pos, final)
+                self._raw.append(self._certain(buf, pos, final))
                 return True
-            content.append(self._raw + buf[: pos + len(marker)])
-            self._raw = ""
+            content.append(self._take_raw() + buf[: pos + len(marker)])
             self._buf = buf[pos + len(marker) :]
             self._state = OUT
         elif state == BODY:
@@ -183,7 +208,7 @@ class XmlCallsParser:
                 self._state = KEY
             else:
                 calls.append(self._close())
-                self._raw = ""
+                self._raw = []
                 self._state = self._after_call(marker)
         elif state == VALUE:
             assert self._value is not None

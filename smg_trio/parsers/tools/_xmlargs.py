@@ -119,7 +119,16 @@ class ValueStream:
     when complete. ``strip_newlines``: one leading and one trailing newline are not part of
     the value (Qwen3-Coder's layout)."""
 
-    __slots__ = ("_key", "_lead_done", "_opened", "_pending", "_string", "_strip", "_writer")
+    __slots__ = (
+        "_key",
+        "_lead_done",
+        "_opened",
+        "_parts",
+        "_pending",
+        "_string",
+        "_strip",
+        "_writer",
+    )
 
     def __init__(self, writer: ArgsWriter, key: str, *, strip_newlines: bool) -> None:
         self._writer = writer
@@ -129,10 +138,16 @@ class ValueStream:
         self._lead_done = not strip_newlines
         self._opened = False
         self._pending = ""
+        #: A value that is not a string, in pieces until it is complete (joined once).
+        self._parts: list[str] = []
 
     def feed(self, text: str) -> str:
+        if not self._string:
+            if text:
+                self._parts.append(text)
+            return ""
         self._pending += text
-        if not self._string or not self._pending:
+        if not self._pending:
             return ""
         if not self._lead_done:
             self._pending = self._pending.removeprefix("\n")
@@ -147,8 +162,9 @@ class ValueStream:
 
     def end(self) -> str:
         """The value is complete (or the output ended inside it): its last fragment."""
-        value = self._pending
+        value = self._pending if self._string else "".join(self._parts)
         self._pending = ""
+        self._parts = []
         if not self._lead_done:
             value = value.removeprefix("\n")
         if self._strip:

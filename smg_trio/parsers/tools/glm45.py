@@ -47,12 +47,12 @@ class Glm45Parser(XmlCallsParser):
 
     def __init__(self, tools: Sequence[ToolSpec]) -> None:
         super().__init__(tools)
-        self._text = ""  # a key's text as far as it came
+        self._text: list[str] = []  # a key's text as far as it came, in pieces
         self._key = ""
 
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
         out = super().finish()
-        self._text = ""
+        self._text = []
         return out
 
     def _step_format(
@@ -73,16 +73,16 @@ class Glm45Parser(XmlCallsParser):
         elif state == xc.KEY:
             pos, marker = find_marker(buf, (KEY_END, TOOL_CALL_END))
             if marker is None:
-                self._text += self._certain(buf, pos, final)
+                self._text.append(self._certain(buf, pos, final))
                 return True
             if marker == KEY_END:
-                self._key = (self._text + buf[:pos]).strip()
+                self._key = ("".join(self._text) + buf[:pos]).strip()
                 self._buf = buf[pos + len(marker) :]
                 self._state = _PREVALUE
             else:  # a key without a value: skipped
                 self._buf = buf[pos:]
                 self._state = xc.BODY
-            self._text = ""
+            self._text = []
         else:  # _PREVALUE
             pos, marker = find_marker(buf, (VALUE, KEY, TOOL_CALL_END))
             if marker is None:

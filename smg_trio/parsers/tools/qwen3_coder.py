@@ -51,12 +51,11 @@ class Qwen3CoderParser(XmlCallsParser):
             if not buf:
                 return True
             if buf.startswith(FUNC):
-                self._raw += FUNC
+                self._raw.append(FUNC)
                 self._buf = buf[len(FUNC) :]
                 self._state = xc.NAME
             elif final or not FUNC.startswith(buf):
-                content.append(self._raw)  # not a call after all
-                self._raw = ""
+                content.append(self._take_raw())  # not a call after all
                 self._state = xc.OUT
             else:
                 return True
