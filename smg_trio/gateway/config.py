@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 __all__ = [
+    "DEFAULT_MAX_BODY_BYTES_IN_FLIGHT",
     "DEFAULT_MAX_CONCURRENT_REQUESTS",
     "DEFAULT_MAX_N",
     "DEFAULT_RESPONSES_STORE_MAX_BYTES",
@@ -45,6 +46,11 @@ DEFAULT_MAX_SEQUENCES_PER_REQUEST = 128
 REQUEST_TOKENS_CONTEXTS = 16
 #: Inference requests served at once; above what the benchmark's 1000 concurrent streams need.
 DEFAULT_MAX_CONCURRENT_REQUESTS = 1024
+#: What the requests in flight may hold together, each its body and the estimate of its
+#: decoded form (:func:`~smg_trio.gateway.http.budget.decoded_bytes`): 8 maximal bodies of
+#: prose, or thousands of ordinary requests; without it, 1024 admitted requests of 32 MiB
+#: bodies could hold 32 GiB before decoding them.
+DEFAULT_MAX_BODY_BYTES_IN_FLIGHT = 1024 * 1024 * 1024
 #: Requests that may wait for a slot; more get 429 at once.
 DEFAULT_QUEUE_SIZE = 1024
 #: How long a request waits for a slot before its 429.
@@ -77,6 +83,10 @@ class GatewayHttpConfig:
         (default 20, OpenAI's chat limit); the engine's own cap applies on top of it.
       - ``max_prompts``: most prompts in one batched ``/v1/completions`` request.
       - ``max_body_bytes``: largest request body (413 above it).
+      - ``max_body_bytes_in_flight``: the bytes all requests in flight may hold together,
+        each its body and an estimate of its decoded form (:data:`DEFAULT_MAX_BODY_BYTES_IN_FLIGHT`;
+        a request waits for room up to ``queue_timeout_s``, then 429; one that alone needs
+        more is a 413). See docs/security.md ("Memory").
       - ``api_key``: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>`` (401).
       - ``request_id_headers``: lower-case header names tried in order for the request id,
         which is echoed in ``x-request-id``; when none is present one is generated.
@@ -115,6 +125,9 @@ class GatewayHttpConfig:
     max_top_logprobs: int = attrs.field(default=20)
     max_prompts: int = attrs.field(default=128, validator=_positive)
     max_body_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive)
+    max_body_bytes_in_flight: int = attrs.field(
+        default=DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, validator=_positive
+    )
     api_key: str | None = None
     request_id_headers: tuple[str, ...] = attrs.field(
         default=DEFAULT_REQUEST_ID_HEADERS, converter=_lower

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from smg_trio.gateway.config import REQUEST_TOKENS_CONTEXTS, GatewayHttpConfig
 from smg_trio.gateway.http import app as gateway_app
+from smg_trio.gateway.http.app import gateway_of
 from smg_trio.gateway.http.call import RENDER_OFFLOAD_TOKENS, TOKENIZE_OFFLOAD_BYTES
 from smg_trio.tokenizer import Tokenizer
 from smg_trio.tokenizer.bound import min_tokens
@@ -450,3 +452,63 @@ def test_listen_backlog_is_somaxconn(tmp_path: Path) -> None:
     real = Path(gateway_app.SOMAXCONN_PATH)
     expected = int(real.read_text()) if real.exists() else gateway_app.DEFAULT_BACKLOG
     assert gateway_app.hyper_config("127.0.0.1", 0, 1.0).backlog == expected
+
+
+async def test_the_body_budget_refuses_what_cannot_fit(harness: HarnessFactory) -> None:
+    """``max_body_bytes_in_flight`` (docs/security.md, "Memory"): a body whose decoded form
+    alone is over the budget is a 413; one that finds the budget held by a request in flight
+    is a 429 with ``Retry-After`` (no wait with ``queue_timeout_s=0``); once that request
+    ends, its bytes are back and the same body is served."""
+    config = GatewayHttpConfig(max_body_bytes_in_flight=12_000, queue_timeout_s=0.0)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=config) as h:
+            gw = gateway_of(h.app)
+            ok = await h.post("/v1/tokenize", {"model": "M", "prompt": "hi"})
+            assert ok.status_code == 200, ok.text
+            assert gw.body_budget.held == 0
+            big = await h.post("/v1/tokenize", {"model": "M", "messages": [{}] * 100})
+            assert big.status_code == 413, big.text
+            assert big.json()["error"]["code"] == "request_too_large"
+            h.engine.stall()  # the stream below holds its reservation until it ends
+            held = {
+                "model": "M",
+                "stream": True,
+                "messages": [{"role": "user", "content": "x" * 3000}],
+            }
+            async with h.http.stream("POST", "/v1/chat/completions", json=held) as stream:
+                assert stream.status_code == 200
+                assert gw.body_budget.held > 6000  # the body, and its decoded form
+                busy = await h.post("/v1/tokenize", {"model": "M", "prompt": "y" * 2000})
+                assert busy.status_code == 429, busy.text
+                assert busy.headers["retry-after"] == "1"
+                assert busy.json()["error"]["code"] == "too_many_requests"
+            h.engine.resume()
+            await trio.testing.wait_all_tasks_blocked()  # the client went: the call closed
+            assert gw.body_budget.held == 0
+            again = await h.post("/v1/tokenize", {"model": "M", "prompt": "y" * 2000})
+            assert again.status_code == 200, again.text
+
+
+async def test_a_body_of_no_declared_length_holds_only_what_it_needs(
+    harness: HarnessFactory,
+) -> None:
+    """A chunked body (no ``Content-Length``) reserves ``max_body_bytes`` while it is read,
+    then keeps only what it and its decoded form need: a stream in flight holds kilobytes of
+    the budget, not 32 MiB (which would let 32 such requests hold all of the default 1 GiB)."""
+    body = b'{"model": "M", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
+
+    async def chunks() -> Any:
+        yield body[:10]
+        yield body[10:]
+
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            gw = gateway_of(h.app)
+            h.engine.stall()
+            headers = {"content-type": "application/json"}
+            async with h.http.stream(
+                "POST", "/v1/chat/completions", content=chunks(), headers=headers
+            ) as stream:
+                assert stream.status_code == 200
+                assert 0 < gw.body_budget.held < 16 * 1024
+            h.engine.resume()

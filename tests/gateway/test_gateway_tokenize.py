@@ -139,3 +139,50 @@ async def test_known_unserved_endpoint_is_501(harness: HarnessFactory, path: str
             err = resp.json()["error"]
             assert err["code"] == "not_implemented"
             assert "not served" in err["message"]
+
+
+async def test_texts_and_ids_beyond_the_context_are_refused(harness: HarnessFactory) -> None:
+    """The engine-free routes count and decode at most the context's ``max_model_len``
+    tokens (docs/security.md, "Memory"): a text its length shows too long is refused before
+    it is encoded, one that is not by its count; more ids than that is a 400 too."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            ctx = h.served.max_model_len
+            per = len(h.tok.encode("hello " * 8)) // 8  # tokens per "hello "
+            fits = "hello " * (ctx // per)
+            over = "hello " * (ctx // per + 1)
+            over_count = len(h.tok.encode(over))
+            ok = await h.post("/v1/tokenize", {"prompt": fits, "add_special_tokens": False})
+            assert ok.status_code == 200, ok.text
+            cases = [
+                ("/v1/tokenize", {"prompt": "a" * (100 * ctx)}, "prompt", "at least"),
+                (
+                    "/v1/tokenize",
+                    {"prompt": over, "add_special_tokens": False},
+                    "prompt",
+                    f"has {over_count}",
+                ),
+                (
+                    "/v1/tokenize",
+                    {"messages": [{"role": "user", "content": "x" * 99 * ctx}]},
+                    "messages",
+                    "at least",
+                ),
+                ("/v1/detokenize", {"tokens": [1] * (ctx + 1)}, "tokens", f"{ctx + 1} were"),
+            ]
+            for path, body, param, says in cases:
+                resp = await h.post(path, body)
+                assert resp.status_code == 400, resp.text
+                err = resp.json()["error"]
+                assert err["code"] == "context_length_exceeded"
+                assert err["param"] == param
+                assert says in err["message"]
+            exact = await h.post("/v1/detokenize", {"tokens": [1] * ctx})
+            assert exact.status_code == 200
+            count = await h.post(
+                "/v1/messages/count_tokens",
+                {"model": "M", "messages": [{"role": "user", "content": "hello " * ctx}]},
+            )
+            assert count.status_code == 400
+            assert count.json()["type"] == "error"
+            assert count.json()["error"]["type"] == "invalid_request_error"

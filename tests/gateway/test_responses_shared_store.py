@@ -14,11 +14,8 @@ from smg_trio.gateway.openai.responses_store import StoredResponse
 
 
 def _entry(n: int, nbytes: int = 10) -> StoredResponse:
-    return StoredResponse(
-        {"id": f"resp_{n}", "object": "response", "output": [{"n": n}]},
-        [{"role": "user", "content": f"turn {n}"}],
-        nbytes,
-    )
+    """An entry of exactly ``nbytes`` held bytes (its JSON padded with spaces)."""
+    return StoredResponse(f'{{"n":{n}}}'.encode().ljust(nbytes - 2), b"[]")
 
 
 def test_one_process_stores_another_finds_and_deletes(tmp_path: Path) -> None:
@@ -81,3 +78,29 @@ def test_a_prepared_store_opens_while_another_process_reads_it(tmp_path: Path) -
         store.close()
     finally:
         other.close()
+
+
+def test_both_stores_count_the_bytes_they_hold(tmp_path: Path) -> None:
+    """An entry is its JSON bytes (decoded by the reader): what the budget counts is what the
+    store holds, in memory and in the SQLite file alike, and a read decodes a fresh copy."""
+    from smg_trio.gateway.openai.responses_store import ResponseStore
+
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(50)}}
+    entry = StoredResponse.encode({"id": "resp_1", "text": schema}, [{"role": "user"}])
+    assert entry.nbytes == len(entry.response_json) + len(entry.history_json)
+    memory = ResponseStore(10)
+    shared = SharedResponseStore(str(tmp_path / "responses.sqlite3"), 10)
+    for store in (memory, shared):
+        store.put("resp_1", entry)
+        assert store.nbytes == entry.nbytes
+        got = store.get("resp_1")
+        assert got is not None
+        assert got.response()["text"] == schema
+        assert got.history() is not got.history()  # decoded on each read
+    db = sqlite3.connect(tmp_path / "responses.sqlite3")
+    held = db.execute(
+        "SELECT SUM(length(response) + length(history)), SUM(nbytes) FROM responses"
+    ).fetchone()
+    db.close()
+    assert held == (entry.nbytes, entry.nbytes)
+    shared.close()

@@ -171,7 +171,7 @@ def create_app(
             entry = gw.responses.get(response_id)
             if entry is None:
                 raise _response_not_found(response_id)
-            return msgspec.json.encode(entry.response)
+            return entry.response_json
 
         return authed_json(stored)
 

@@ -9,7 +9,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Final, Literal, TypeVar
 
 import attrs
@@ -23,7 +23,8 @@ from smg_trio.connector.client import EngineClient
 from smg_trio.errors import EngineError
 from smg_trio.exc_groups import is_cancellation
 from smg_trio.gateway.config import GatewayHttpConfig
-from smg_trio.gateway.http.admission import AdmissionGate
+from smg_trio.gateway.http.admission import RETRY_AFTER_S, AdmissionGate
+from smg_trio.gateway.http.budget import BodyBudget, decoded_bytes
 from smg_trio.gateway.http.metrics import FastHistogram, GatewayMetrics, ModelStats
 from smg_trio.gateway.http.tenants import OTHER, TenantCollector
 from smg_trio.gateway.openai.api import ResponseIds
@@ -43,6 +44,9 @@ from smg_trio.routing.cache_aware import RouteRequest
 __all__ = [
     "JSON_TYPE",
     "SSE_HEADERS",
+    "HUGE_RENDER_TOKENS",
+    "HUGE_TOKENIZER_THREADS",
+    "HUGE_TOKENIZE_BYTES",
     "TOKENIZER_THREADS",
     "TOKENIZE_OFFLOAD_BYTES",
     "Gateway",
@@ -80,6 +84,14 @@ TOKENIZE_OFFLOAD_BYTES: Final = 8 * 1024
 RENDER_OFFLOAD_TOKENS: Final = 2048
 #: Worker threads tokenizing large prompts at once (more wait), which bounds their memory too.
 TOKENIZER_THREADS: Final = 4
+#: Request bodies from this size on are *huge*: their encode may take seconds (about 0.5 s a
+#: MiB, more for text that is one pre-token), and they take at most
+#: :data:`HUGE_TOKENIZER_THREADS` of the threads, so that the rest always serve the others.
+HUGE_TOKENIZE_BYTES: Final = 1024 * 1024
+HUGE_TOKENIZER_THREADS: Final = TOKENIZER_THREADS // 2
+#: A whole response of this many completion tokens or more (``n`` choices with logprobs: a
+#: second or more to build and encode) takes the huge requests' share of the threads too.
+HUGE_RENDER_TOKENS: Final = 16 * RENDER_OFFLOAD_TOKENS
 
 
 def json_response(
@@ -146,6 +158,10 @@ class Gateway:
             config.max_concurrent_requests, config.queue_size, config.queue_timeout_s
         )
         self.tokenizer_limiter = trio.CapacityLimiter(TOKENIZER_THREADS)
+        #: The share of those threads that huge requests may hold (see :meth:`RequestCall.tokenize`).
+        self.huge_tokenizer_limiter = trio.CapacityLimiter(HUGE_TOKENIZER_THREADS)
+        #: The bytes the requests in flight hold, bodies and decoded: see :meth:`RequestCall.read_body`.
+        self.body_budget = BodyBudget(config.max_body_bytes_in_flight)
         #: The Responses API's stored responses (in memory, or shared by every frontend
         #: through ``responses_store_path``: see docs/responses.md).
         self.responses: ResponseStoreLike = (
@@ -268,6 +284,17 @@ class Gateway:
         return f"{response_id}-{self._id_nonce}_{next(self._id_seq)}"
 
 
+def _over_budget(budget: BodyBudget) -> ApiError:
+    return ApiError(
+        429,
+        f"the requests in flight hold this gateway's budget of {budget.limit} bytes of "
+        "request bodies; retry later",
+        code="too_many_requests",
+        error_type="rate_limit_error",
+        retry_after=RETRY_AFTER_S,
+    )
+
+
 class RequestCall:
     """One HTTP request's lifetime: ids, timing, lease and the final metrics record.
 
@@ -388,6 +415,7 @@ class RequestCall:
         span.admitted(time.perf_counter() - queued)
 
     async def _read_decode(self, type_: type[T]) -> T:
+        await self._reserve_body()
         try:
             data = await self.request.get_data(cache=False)
         except HTTPException as exc:
@@ -395,6 +423,7 @@ class RequestCall:
         if not isinstance(data, bytes):
             data = data.encode()
         self.body_bytes = len(data)
+        self._reserve_decoded(data)
         return decode_body(data, type_)
 
     def hold_adapter(self, served: ServedModel) -> None:
@@ -404,16 +433,60 @@ class RequestCall:
             self._adapter = served.lora.name
             self.gw.backend.loras.acquire(self._adapter)
 
+    async def _reserve_body(self) -> None:
+        """Reserve the body's declared length (``max_body_bytes`` when it declares none) in
+        the gateway's :class:`BodyBudget`, waiting up to ``queue_timeout_s`` for room (429
+        past it). Held until :meth:`close`."""
+        config = self.gw.config
+        budget = self.gw.body_budget
+        length = self.request.headers.get("content-length")
+        declared = int(length) if length is not None and length.isdigit() else None
+        if declared is not None and declared > config.max_body_bytes:
+            return  # refused with 413 by the read, before anything is held
+        nbytes = min(config.max_body_bytes if declared is None else declared, budget.limit)
+        if budget.try_reserve(self, nbytes):
+            return  # the common case: no schedule point, as the admission gate's
+        with trio.move_on_after(config.queue_timeout_s):
+            await budget.reserve(self, nbytes)
+            return
+        raise _over_budget(budget)
+
+    def _reserve_decoded(self, data: bytes) -> None:
+        """Make the reservation what the body and its decoded form may take
+        (:func:`decoded_bytes`) before decoding it: 413 when that is more than the whole
+        budget, 429 when the budget has no room for it now (a request holding bytes never
+        waits for more). A body that declared no length gives back the rest of the
+        ``max_body_bytes`` it reserved."""
+        budget = self.gw.body_budget
+        need = len(data) + decoded_bytes(data)
+        if need > budget.limit:
+            raise ApiError(
+                413,
+                f"the request body would take about {need} bytes decoded, more than this "
+                f"gateway's budget of {budget.limit} bytes for the requests in flight",
+                code="request_too_large",
+            )
+        if not budget.try_resize(self, need):
+            raise _over_budget(budget)
+
     async def tokenize(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (chat-template rendering, encoding) inline for a small request, or in a
         worker thread from :data:`TOKENIZE_OFFLOAD_BYTES` of body on, so that the event loop
         never waits for it. The thread is not abandoned on cancellation (structured
         concurrency): a client that goes away waits for at most one encode of a prompt that
-        can fit the context (larger ones are refused before encoding)."""
+        can fit the context (larger ones are refused before encoding). A huge request (from
+        :data:`HUGE_TOKENIZE_BYTES` of body) first takes a slot of the huge ones' share, so
+        that they hold at most :data:`HUGE_TOKENIZER_THREADS` threads and the others never
+        wait behind them for more than the rest."""
         if self.body_bytes < TOKENIZE_OFFLOAD_BYTES:
             out = fn()
         else:
-            out = await trio.to_thread.run_sync(fn, limiter=self.gw.tokenizer_limiter)
+            gw = self.gw
+            if self.body_bytes < HUGE_TOKENIZE_BYTES:
+                out = await trio.to_thread.run_sync(fn, limiter=gw.tokenizer_limiter)
+            else:
+                async with gw.huge_tokenizer_limiter:
+                    out = await trio.to_thread.run_sync(fn, limiter=gw.tokenizer_limiter)
         if self.span is not None:
             self.span.event("tokenized")
         return out
@@ -541,13 +614,17 @@ class RequestCall:
     async def ok_response_of(self, build: Callable[[], msgspec.Struct]) -> Response:
         """:meth:`ok_response` of ``build()``: built and encoded in a worker thread from
         :data:`RENDER_OFFLOAD_TOKENS` completion tokens on (``n`` choices with logprobs can
-        make a response of tens of MB, seconds of Python on the event loop), inline below."""
+        make a response of tens of MB, seconds of Python on the event loop), inline below;
+        from :data:`HUGE_RENDER_TOKENS` within the huge requests' share of the threads."""
         completion = sum(s.pipeline.completion_tokens for s in self.subs)
         if completion < RENDER_OFFLOAD_TOKENS:
             return self.ok_response(build())
-        body = await trio.to_thread.run_sync(
-            lambda: msgspec.json.encode(build()), limiter=self.gw.tokenizer_limiter
-        )
+        gw = self.gw
+        share = gw.huge_tokenizer_limiter if completion >= HUGE_RENDER_TOKENS else nullcontext()
+        async with share:
+            body = await trio.to_thread.run_sync(
+                lambda: msgspec.json.encode(build()), limiter=gw.tokenizer_limiter
+            )
         self.close(200)
         return json_response(200, body, self.request_id)
 
@@ -573,6 +650,7 @@ class RequestCall:
         if self._admitted:
             self._admitted = False
             gw.admission.leave(self)
+            gw.body_budget.release(self)
         adapter, self._adapter = self._adapter, None
         if adapter is not None:
             gw.backend.loras.release(adapter, started=self._adapter_started)

@@ -28,6 +28,7 @@ from smg_trio.gateway.openai.messages_schemas import (
 )
 from smg_trio.gateway.openai.schemas import ChatCompletionRequest
 from smg_trio.gateway.openai.textgen import ChoiceCollector, TextDelta
+from smg_trio.gateway.openai.translate import encode_within_context
 from smg_trio.parsers.tools import ToolCallDelta
 
 __all__ = ["MESSAGES", "MessagesApi", "count_tokens", "to_chat_messages"]
@@ -219,7 +220,9 @@ def _template_kwargs(thinking: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def count_tokens(body: CountTokensRequest, served: ServedModel) -> CountTokensResponse:
-    """The prompt's token count, as ``/v1/messages`` would render and encode it."""
+    """The prompt's token count, as ``/v1/messages`` would render and encode it; a prompt
+    of more tokens than the context is a 400 naming ``messages``, refused before it is
+    encoded whole where its length shows it (:func:`encode_within_context`)."""
     tok = served.tokenizer
     prompt = tok.apply_chat_template(
         to_chat_messages(body),
@@ -227,7 +230,7 @@ def count_tokens(body: CountTokensRequest, served: ServedModel) -> CountTokensRe
         add_generation_prompt=True,
         chat_template_kwargs=_template_kwargs(body.thinking),
     )
-    return CountTokensResponse(len(tok.encode(prompt)))
+    return CountTokensResponse(len(encode_within_context(served, prompt, "messages")))
 
 
 def _sse(event: str, payload: Any) -> bytes:

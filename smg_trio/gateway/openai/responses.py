@@ -234,7 +234,7 @@ class ResponsesApi:
                     param="previous_response_id",
                     code="previous_response_not_found",
                 )
-            history = list(entry.history)
+            history = entry.history()
         turn = to_chat_messages(body.input)
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
         effort = (body.reasoning or {}).get("effort")
@@ -357,11 +357,7 @@ class ResponsesJob(ChatJobView):
                             "function": {"name": item["name"], "arguments": item["arguments"]},
                         }
                     )
-            encoded = _encode(response)
-            history = [*self.history, said]
-            nbytes = len(encoded) + len(_encode(history))
-            value = msgspec.json.decode(encoded)
-            self.store.put(response.id, StoredResponse(value, history, nbytes))
+            self.store.put(response.id, StoredResponse.encode(response, [*self.history, said]))
         return response
 
     def result(self, collected: ChoiceCollector | None) -> ResponseObject:

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from typing import Any
-
-import msgspec
 
 from smg_trio.gateway.config import DEFAULT_RESPONSES_STORE_MAX_BYTES
 from smg_trio.gateway.openai.responses_store import StoredResponse
@@ -36,7 +33,9 @@ class SharedResponseStore:
     """At most ``size`` responses of at most ``max_bytes`` together, in the SQLite file at
     ``path``, which every frontend opens: a response stored by one frontend is found by
     ``previous_response_id``, ``GET`` and ``DELETE`` on any other. The least recently stored
-    or read is evicted first. Each call is one short transaction (WAL journal); safe to call
+    or read is evicted first. Entries are kept and returned as their JSON bytes (decoded by
+    the reader), so ``nbytes`` counts the bytes the file holds, and a process holds only the
+    entries it is reading. Each call is one short transaction (WAL journal); safe to call
     from a worker thread. ``path`` is the caller's (the run directory), never a request's."""
 
     def __init__(
@@ -80,8 +79,7 @@ class SharedResponseStore:
     def put(self, response_id: str, entry: StoredResponse) -> None:
         if self.size == 0 or entry.nbytes > self.max_bytes:
             return
-        response = msgspec.json.encode(entry.response)
-        history = msgspec.json.encode(entry.history)
+        response, history = entry.response_json, entry.history_json
         with self._lock:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
@@ -125,9 +123,7 @@ class SharedResponseStore:
                 raise
         if row is None:
             return None
-        response: dict[str, Any] = msgspec.json.decode(row[0])
-        history: list[dict[str, Any]] = msgspec.json.decode(row[1])
-        return StoredResponse(response, history, int(row[2]))
+        return StoredResponse(bytes(row[0]), bytes(row[1]))
 
     def delete(self, response_id: str) -> bool:
         with self._lock:

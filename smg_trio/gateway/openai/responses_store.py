@@ -1,6 +1,7 @@
 """The Responses API's store: a bounded, least-recently-used map from response id to the
 response object and its conversation (for ``previous_response_id``), bounded in entries and
-in bytes. In memory, per process."""
+in bytes. In memory, per process. Entries are held encoded (JSON bytes) and decoded on read,
+so the byte budget counts what is held: decoded, a JSON schema takes 10-20 times its text."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import OrderedDict
 from typing import Any, Protocol
 
 import attrs
+import msgspec
 
 from smg_trio.gateway.config import DEFAULT_RESPONSES_STORE_MAX_BYTES
 
@@ -17,14 +19,34 @@ __all__ = ["ResponseStore", "ResponseStoreLike", "StoredResponse"]
 
 @attrs.frozen
 class StoredResponse:
-    """One stored response: the JSON ``response`` object (as ``GET`` returns it) and the
-    chat ``history`` it ends (earlier turns, its input, its output; no instructions, as
-    OpenAI does not carry ``instructions`` over ``previous_response_id``). ``nbytes``: its
-    size as the store counts it (the encoded response and history)."""
+    """One stored response, as JSON bytes: ``response_json`` (the object ``GET`` returns) and
+    ``history_json`` (the chat turns it ends: earlier turns, its input, its output; no
+    instructions, as OpenAI does not carry ``instructions`` over ``previous_response_id``).
+    Held encoded: :attr:`nbytes` is what the entry holds, and :meth:`history` decodes on
+    read (a copy per reader)."""
 
-    response: dict[str, Any]
-    history: list[dict[str, Any]]
-    nbytes: int = 0
+    response_json: bytes
+    history_json: bytes
+
+    @classmethod
+    def encode(cls, response: Any, history: list[dict[str, Any]]) -> StoredResponse:
+        """The entry of ``response`` (a ``msgspec`` struct or JSON value) and ``history``."""
+        return cls(msgspec.json.encode(response), msgspec.json.encode(history))
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes this entry holds (its two JSON texts), which the store's budget counts."""
+        return len(self.response_json) + len(self.history_json)
+
+    def response(self) -> dict[str, Any]:
+        """The response object, decoded."""
+        value: dict[str, Any] = msgspec.json.decode(self.response_json)
+        return value
+
+    def history(self) -> list[dict[str, Any]]:
+        """The conversation, decoded."""
+        value: list[dict[str, Any]] = msgspec.json.decode(self.history_json)
+        return value
 
 
 class ResponseStoreLike(Protocol):

@@ -10,6 +10,7 @@ import msgspec
 from smg_trio.backend import ServedModel
 from smg_trio.errors import ValidationError
 from smg_trio.gateway.openai.chat import check_chat_input
+from smg_trio.gateway.openai.translate import encode_within_context
 
 __all__ = [
     "DetokenizeRequest",
@@ -70,7 +71,8 @@ class VersionResponse(msgspec.Struct):
 def tokenize(body: TokenizeRequest, served: ServedModel) -> TokenizeResponse:
     """Encode ``body.prompt``, or render ``body.messages`` with the chat template and encode
     that. Raises ``ValidationError`` (400) for neither or both, for options that contradict,
-    and for messages or tools that chat would refuse (:func:`check_chat_input`)."""
+    for messages or tools that chat would refuse (:func:`check_chat_input`), and for a text
+    of more tokens than the model's context (:func:`encode_within_context`)."""
     tok = served.tokenizer
     if (body.prompt is None) == (body.messages is None):
         raise ValidationError(
@@ -80,7 +82,7 @@ def tokenize(body: TokenizeRequest, served: ServedModel) -> TokenizeResponse:
         )
     if body.prompt is not None:
         special = body.add_special_tokens is not False
-        ids = tok.encode(body.prompt, add_special_tokens=special)
+        ids = encode_within_context(served, body.prompt, "prompt", add_special_tokens=special)
     else:
         assert body.messages is not None
         if body.continue_final_message and body.add_generation_prompt:
@@ -97,7 +99,9 @@ def tokenize(body: TokenizeRequest, served: ServedModel) -> TokenizeResponse:
             continue_final_message=bool(body.continue_final_message),
             chat_template_kwargs=body.chat_template_kwargs,
         )
-        ids = tok.encode(text, add_special_tokens=bool(body.add_special_tokens))
+        ids = encode_within_context(
+            served, text, "messages", add_special_tokens=bool(body.add_special_tokens)
+        )
     strs = None
     if body.return_token_strs:
         strs = [tok.id_to_token(i) or "" for i in ids]
@@ -108,9 +112,18 @@ def tokenize(body: TokenizeRequest, served: ServedModel) -> TokenizeResponse:
 
 def detokenize(body: DetokenizeRequest, served: ServedModel) -> DetokenizeResponse:
     """Decode ``body.tokens`` (special tokens kept, as vLLM's ``/detokenize``). Raises
-    ``ValidationError`` (400 naming ``tokens[i]``) for an id outside the vocabulary."""
+    ``ValidationError`` (400 naming ``tokens[i]``) for an id outside the vocabulary, and
+    (``tokens``) for more ids than the model's context: a text of that many ids can be up to
+    the longest token's length times longer, and no route produces more."""
     tok = served.tokenizer
     vocab = tok.vocab_size
+    if len(body.tokens) > served.max_model_len:
+        raise ValidationError(
+            f"This model's maximum context length is {served.max_model_len} tokens, but "
+            f"{len(body.tokens)} were given; this gateway decodes at most that many.",
+            param="tokens",
+            code="context_length_exceeded",
+        )
     for i, t in enumerate(body.tokens):
         if not 0 <= t < vocab:
             raise ValidationError(

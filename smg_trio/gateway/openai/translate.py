@@ -39,6 +39,7 @@ __all__ = [
     "check_stream_prompt_logprobs",
     "check_token_budget",
     "check_token_ids_fit",
+    "encode_within_context",
     "reasoning_tags",
     "resolve_max_tokens",
 ]
@@ -407,6 +408,35 @@ def _check_fits(plan: Plan, served: ServedModel, lower: int, prompt_param: str, 
             param="max_tokens",
             code="context_length_exceeded",
         )
+
+
+def encode_within_context(
+    served: ServedModel, text: str, param: str, *, add_special_tokens: bool = False
+) -> list[int]:
+    """The ids of ``text``, for the engine-free routes that count a prompt (tokenize,
+    ``count_tokens``): a text that cannot have at most the context's ``max_model_len``
+    tokens is a 400 ``context_length_exceeded`` naming ``param``, refused from its lower
+    bound before it is encoded whole (as :func:`check_prompt_fits`), or from its count after.
+    So the work and the answer are bounded by the context, not by the body (vLLM's
+    ``/tokenize`` has no bound)."""
+    ctx = served.max_model_len
+    tok = served.tokenizer
+    lower = tok.min_tokens(text, ctx + 1)
+    if lower > ctx:
+        raise _too_long(ctx, f"at least {lower}", param)
+    ids = tok.encode(text, add_special_tokens=add_special_tokens)
+    if len(ids) > ctx:
+        raise _too_long(ctx, str(len(ids)), param)
+    return ids
+
+
+def _too_long(ctx: int, count: str, param: str) -> ValidationError:
+    return ValidationError(
+        f"This model's maximum context length is {ctx} tokens, but the text has {count} "
+        "tokens; this gateway counts at most that many.",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 def check_token_ids_fit(plan: Plan, served: ServedModel, count: int, prompt_param: str) -> None:
