@@ -88,8 +88,9 @@ def parse_lora_module(item: str) -> LoraModule:
 
 @attrs.frozen
 class AdapterFacts:
-    """What the gateway reads from an adapter folder: its LoRA rank and the base model its
-    config names (``base_model_name_or_path``; ``None`` when absent)."""
+    """What the gateway reads from an adapter folder: its resolved path (what the engines
+    load), its LoRA rank and the base model its config names (``base_model_name_or_path``;
+    ``None`` when absent)."""
 
     path: str
     rank: int
@@ -132,7 +133,9 @@ def read_adapter(path: str, roots: Sequence[str] | None) -> AdapterFacts:
     if not any(folder.file(name) is not None for name in ADAPTER_WEIGHTS):
         raise LoraAdapterError(f"{path!r} has no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})")
     base = config.get("base_model_name_or_path")
-    return AdapterFacts(str(folder.path), rank, base if isinstance(base, str) and base else None)
+    # the engines get the resolved folder: a link swapped after this check moves nothing
+    real = os.path.realpath(folder.path)
+    return AdapterFacts(real, rank, base if isinstance(base, str) and base else None)
 
 
 def _names(ref: str) -> set[str]:

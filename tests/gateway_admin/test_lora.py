@@ -356,3 +356,16 @@ async def test_load_inplace_reloads_under_the_same_id(
             assert adapter is not None
             assert (adapter.path, adapter.int_id) == (str(newer), lora_int_id("sql"))
             assert len(c.manager.loras) == 1
+
+
+async def test_a_link_inside_the_allow_list_is_loaded_by_its_target(
+    ns: IpcNamespace, model_dir: Path, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with lora_server(ns, model_dir, tmp_path, engines=1) as c:
+            target = c.adapter("v1")
+            os.symlink(target, c.root / "current")
+            assert (await c.load("sql", c.root / "current")).status_code == 200
+            # the engines get the resolved folder: re-pointing the link changes nothing
+            assert c.engine_calls("add_lora")[0][0][2] == os.path.realpath(target)
+            assert c.manager.loras.get("sql").path == os.path.realpath(target)  # type: ignore[union-attr]
