@@ -109,3 +109,16 @@ async def test_static_adapters_are_checked_before_launch(tmp_path: Path) -> None
             await check_static_adapters(
                 [LoraModule("good", str(good)), LoraModule("good", str(good))], confinement
             )
+
+
+def test_frontends_lora_info_is_merged_by_time_not_summed() -> None:
+    from smg_trio.serve.metrics_merge import merge_expositions
+
+    series = (
+        "# HELP vllm:lora_requests_info Running stats on lora requests.\n"
+        "# TYPE vllm:lora_requests_info gauge\n"
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",'
+        'waiting_lora_adapters=""} %s\n'
+    )
+    text = merge_expositions([series % "100.0", series % "101.0"]).decode()
+    assert 'waiting_lora_adapters=""} 101.0' in text
