@@ -11,6 +11,7 @@ import attrs
 
 from smg_trio.connector.client import EngineClient
 from smg_trio.errors import SmgError
+from smg_trio.lora import LoraAdapter, LoraRegistry
 from smg_trio.protocol.types import EngineProtocol
 from smg_trio.routing.cache_aware import RouteRequest
 from smg_trio.tokenizer.core import Tokenizer
@@ -47,6 +48,14 @@ class ServedModel:
     tool_call_parser: str | None = None
     created: int = attrs.field(factory=lambda: int(time.time()))
     owned_by: str = "smg_trio"
+    #: Set on the copy that serves a LoRA adapter: ``model_id`` is then the adapter's name
+    #: (responses, usage and logs name it) and :attr:`engine_model_id` the base model.
+    lora: LoraAdapter | None = None
+
+    @property
+    def engine_model_id(self) -> str:
+        """The model whose workers serve this one (the base model of an adapter)."""
+        return self.model_id if self.lora is None else self.lora.base_model
 
 
 @attrs.define
@@ -114,6 +123,9 @@ class GatewayBackend(Protocol):
     """What the HTTP front needs. Implemented by the worker manager and by
     :class:`StaticBackend` (fixed clients, for tests and embedding)."""
 
+    #: The LoRA adapters requests may name as their ``model`` (``/v1/models`` lists them).
+    loras: LoraRegistry
+
     @property
     def draining(self) -> bool:
         """True once shutdown began: readiness fails and new requests get 503."""
@@ -141,7 +153,8 @@ class GatewayBackend(Protocol):
         (never one whose id is in ``exclude``; ``route``: the prompt and session key, which
         ``cache_aware`` routes by) and holds an in-flight slot; an ``EngineError``
         escaping the block counts against the worker's circuit breaker, anything else (client
-        4xx included) does not. Raises :class:`NoWorkerAvailable` at once (see
+        4xx included) does not. ``adapter``: the request's LoRA adapter (the workers holding
+        it are preferred). Raises :class:`NoWorkerAvailable` at once (see
         :meth:`wait_for_worker`)."""
 
     def readiness(self) -> Readiness:
@@ -160,6 +173,7 @@ class StaticBackend:
         self._clients = {m.model_id: list(c) for m, c in entries}
         self._next = dict.fromkeys(self._models, 0)
         self._draining = False
+        self.loras = LoraRegistry()
 
     @property
     def draining(self) -> bool:

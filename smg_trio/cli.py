@@ -588,6 +588,36 @@ def _parser() -> argparse.ArgumentParser:
         "fcfs). The gateway's admission queue orders by priority either way",
     )
     s.add_argument(
+        "--lora-modules",
+        nargs="+",
+        action="extend",
+        metavar="NAME=PATH",
+        help="vLLM's: LoRA adapters served by name, 'name=path' or JSON "
+        '\'{"name": ..., "path": ..., "base_model_name": ...}\'; a path is a folder inside '
+        "--allowed-model-dirs or a Hugging Face id in the hub cache. The vLLM engines are "
+        "launched with --enable-lora and matching --max-loras/--max-lora-rank (docs/lora.md)",
+    )
+    s.add_argument(
+        "--enable-lora",
+        action="store_true",
+        help="vLLM's: launch the vLLM engines with LoRA support, for adapters loaded at run "
+        "time (/v1/load_lora_adapter); implied by --lora-modules",
+    )
+    s.add_argument(
+        "--max-loras",
+        type=int,
+        default=None,
+        help="vLLM's: adapters an engine holds at once (default: the --lora-modules count, "
+        "at least 1)",
+    )
+    s.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=None,
+        choices=(1, 8, 16, 32, 64, 128, 256, 320, 512),
+        help="vLLM's: the largest adapter rank (default 16)",
+    )
+    s.add_argument(
         "--mock-script",
         metavar="FILE",
         help="with --backend mock: a JSON or TOML file of rules that answer matching prompts "
@@ -852,6 +882,53 @@ def _chat_template(args: argparse.Namespace) -> str | None:
         _usage_error(str(exc))
 
 
+def _lora_modules(items: list[str], *, tok_revision: str | None) -> tuple[Any, ...]:
+    """``--lora-modules`` in vLLM's two forms; a path spelled like a hub id that is no local
+    folder is resolved to its snapshot in the hub cache (never fetched: a usage error says how).
+    """
+    import attrs
+
+    from smg_trio.lora import parse_lora_module
+    from smg_trio.tokenizer.hub import HubModelError, is_hub_id, resolve_hub_model
+
+    out = []
+    for item in items:
+        try:
+            module = parse_lora_module(item)
+        except ValueError as exc:
+            _usage_error(str(exc))
+        if not os.path.isdir(module.path) and is_hub_id(module.path):
+            try:
+                hub = resolve_hub_model(module.path, tok_revision, allow_download=False)
+            except HubModelError as exc:
+                _usage_error(f"--lora-modules {module.name}: {exc}")
+            module = attrs.evolve(module, path=hub.path)
+        out.append(module)
+    return tuple(out)
+
+
+def _lora_args(
+    args: argparse.Namespace, backend: str, adapters: int, engine_args: list[str]
+) -> tuple[list[str], int | None]:
+    """The LoRA flags of the engine command (see ``serve/lora_setup.py``) and the rank limit
+    the gateway checks loads against; TokenSpeed carries no adapters (a usage error)."""
+    from smg_trio.serve.lora_setup import engine_lora_args
+
+    wanted = adapters or args.enable_lora or args.max_loras or args.max_lora_rank
+    if wanted and backend == "tokenspeed":
+        _usage_error("LoRA adapters are vLLM's: TokenSpeed's wire carries none")
+    if args.max_loras is not None and args.max_loras < 1:
+        _usage_error("--max-loras must be at least 1")
+    flags, rank = engine_lora_args(
+        enable=bool(args.enable_lora),
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        adapters=adapters,
+        engine_args=engine_args,
+    )
+    return (flags if backend in ("vllm", "mock") else []), rank
+
+
 def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 
@@ -995,6 +1072,9 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         elif args.mock_script is not None:
             _usage_error(f"--mock-script needs --backend mock, not {backend}")
         extra += _scheduling_policy_args(args.scheduling_policy, backend, extra)
+        lora_modules = _lora_modules(args.lora_modules or [], tok_revision=None)
+        lora_args, max_lora_rank = _lora_args(args, backend, len(lora_modules), extra)
+        extra += lora_args
         if model is None:
             raise SystemExit(f"serve --backend {backend} needs --model DIR")
         _check_model_dir(model, "--model")
@@ -1013,6 +1093,8 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
                 mock_script=args.mock_script,
                 engine_log_level=args.engine_log_level,
             ),
+            lora_modules=lora_modules,
+            max_lora_rank=max_lora_rank,
             **common,
         )
     # Without --worker-urls the gateway starts empty; workers come from POST /workers or

@@ -44,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
         "--step-ms", type=float, default=2.0, help="engine step period in ms (0 = flat out)"
     )
     parser.add_argument("--eos-token-id", type=int, default=None)
+    parser.add_argument(
+        "--enable-lora", action="store_true", help="vLLM's flag (the mock always serves LoRA)"
+    )
+    parser.add_argument("--max-loras", type=int, default=4, help="LoRA adapters held at once")
+    parser.add_argument("--max-lora-rank", type=int, default=16, help="the largest LoRA rank")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument(
         "--data-parallel-size",
@@ -180,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         enable_prefix_caching=args.enable_prefix_caching,
         prefill_s_per_token=args.prefill_us_per_token / 1e6,
         kv_events=kv_events,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
     )
     engine = MockEngine(args.handshake, config)
     log.info("mock %s engine %d dialing %s", config.protocol, config.engine_index, args.handshake)

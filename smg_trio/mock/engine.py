@@ -25,6 +25,7 @@ import trio
 from smg_trio.codec.msgpack import decode, encoder
 from smg_trio.codec.tensor import encode_tensor_inline
 from smg_trio.mock.kv_publisher import KvEventPublisher
+from smg_trio.mock.lora import MockLoras
 from smg_trio.mock.prefix_cache import PrefixCache
 from smg_trio.mock.script import MockScript
 from smg_trio.mock.utility import MockUtility
@@ -84,6 +85,10 @@ class MockRequest:
     #: The frontend client whose output socket gets this request's outputs (vLLM's
     #: ``EngineCoreRequest.client_index``; TokenSpeed has one client).
     client_index: int = 0
+    #: The LoRA adapter it names, ``(lora_name, lora_int_id, lora_path)`` (vLLM only).
+    lora: tuple[str, int, str] | None = None
+    #: Why its adapter could not be used (the request then finishes with ERROR).
+    lora_error: str | None = None
     #: Prompt tokens found in the prefix cache, set when the request is prefilled (``None``
     #: before: it gets no output until then).
     cached_tokens: int | None = None
@@ -129,6 +134,10 @@ class MockEngineConfig:
     error_finish: Callable[[MockRequest], bool | vllm.RequestError] | None = None
     #: Scripted replies for prompts that match a rule (``plan``, when set, comes first).
     script: MockScript | None = None
+    #: LoRA: reported ``max_loras`` (0: no LoRA support, as an engine without
+    #: ``--enable-lora``) and the largest adapter rank ``add_lora`` takes.
+    max_loras: int = 4
+    max_lora_rank: int = 16
     #: Tokens per KV block: ``None`` is 16 for vLLM (its GPU default), 64 for TokenSpeed.
     block_size: int | None = None
     #: The prefix cache's capacity in blocks (the ready response's ``num_gpu_blocks``).
@@ -182,7 +191,11 @@ class MockEngine:
         self.dead = trio.Event()
         self._hard_killed = False
         #: Utility calls (vLLM): sleep, pause, reset_prefix_cache... (:mod:`smg_trio.mock.utility`).
-        self.utility = MockUtility(on_pause=self._on_pause, on_reset_cache=self.reset_prefix_cache)
+        self.utility = MockUtility(
+            on_pause=self._on_pause,
+            on_reset_cache=self.reset_prefix_cache,
+            loras=MockLoras(self.config.max_loras, self.config.max_lora_rank),
+        )
         self._abort_on_pause = False
         cfg = self.config
         events = cfg.kv_events is not None and cfg.kv_events.zmq_enabled
@@ -223,7 +236,11 @@ class MockEngine:
             kv_cache_max_concurrency=1024.0,
         )
         extra: dict[str, Any] = (
-            {"supports_lora": False, "max_loras": 0, "mamba_block_size": None}
+            {
+                "supports_lora": cfg.max_loras > 0,
+                "max_loras": cfg.max_loras,
+                "mamba_block_size": None,
+            }
             if vllm_like
             else {"multimodal_encoder_dtype": None}
         )
@@ -397,6 +414,7 @@ class MockEngine:
             sp = r.sampling_params or {}
             stops = set(sp.get("stop_token_ids") or [])
             eos = sp.get("_eos_token_id")
+            lr = r.lora_request
             return MockRequest(
                 request_id=r.request_id,
                 prompt_token_ids=list(r.prompt_token_ids or []),
@@ -411,6 +429,7 @@ class MockEngine:
                 n=1,
                 raw=r,
                 client_index=r.client_index,
+                lora=None if lr is None else (lr.lora_name, lr.lora_int_id, lr.lora_path),
             )
         t = msgspec.msgpack.decode(payload, type=ts.TokenizedGenerateReqInput)
         p = t.sampling_params
@@ -433,6 +452,13 @@ class MockEngine:
         log.debug("mock: add %s (client %d)", req.request_id, req.client_index)
         self.requests.append(req)
         req.arrival_step = self._step
+        if req.lora is not None:
+            try:
+                if self.config.max_loras < 1:
+                    raise ValueError("LoRA is not enabled (start the engine with --enable-lora)")
+                self.utility.loras.use(req.lora)
+            except (ValueError, OSError) as exc:
+                req.lora_error = str(exc)
         if self.config.plan is not None:
             req.steps = [list(s) for s in self.config.plan(req)]
         elif self.config.script is not None:
@@ -456,6 +482,8 @@ class MockEngine:
             key = zlib.crc32(np.asarray(req.prompt_token_ids, dtype=np.int64).tobytes())
         else:
             key = zlib.crc32(req.request_id.encode())
+        if req.lora is not None:  # each adapter answers its own tokens
+            key = key * 2_147_483_659 + req.lora[1]
         return random.Random(key * 1_000_003 + len(req.generated))
 
     def _next_tokens(self, req: MockRequest) -> list[int]:
@@ -526,7 +554,11 @@ class MockEngine:
                 if (cfg.reject is not None and cfg.reject(req)) or req.n != 1:
                     results.append((req, [], "reject", None))
                     continue
-                verdict = False if cfg.error_finish is None else cfg.error_finish(req)
+                verdict: bool | vllm.RequestError = (
+                    False if cfg.error_finish is None else cfg.error_finish(req)
+                )
+                if req.lora_error is not None:
+                    verdict = vllm.RequestError("lora", req.lora_error)
                 if verdict:
                     if isinstance(verdict, vllm.RequestError):
                         req.error = verdict
@@ -576,9 +608,15 @@ class MockEngine:
         if not self.config.stats:
             return None
         running = len(self.active)
+        adapters: dict[str, int] = {}
+        for req in self.active.values():
+            if req.lora is not None:
+                adapters[req.lora[0]] = adapters.get(req.lora[0], 0) + 1
         pc = self.cache.take_stats()
         return {
             "num_running_reqs": running,
+            "running_lora_adapters": adapters,
+            "waiting_lora_adapters": {},
             "num_waiting_reqs": 0,
             "num_skipped_waiting_reqs": 0,
             "step_counter": self._step,

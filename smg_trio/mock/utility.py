@@ -8,6 +8,8 @@ from typing import Any
 
 import attrs
 
+from smg_trio.mock.lora import MockLoras
+
 __all__ = ["NEVER_ANSWERS", "MockUtility", "UtilityAnswer"]
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,8 @@ class MockUtility:
     #: ``(method, args)`` of every call, in arrival order.
     calls: list[tuple[str, list[Any]]] = attrs.field(factory=list)
     on_pause: Callable[[str], None] | None = None
+    #: The LoRA adapters (add_lora, remove_lora, list_loras, pin_lora).
+    loras: MockLoras = attrs.field(factory=MockLoras)
     #: Called when the prefix cache is dropped (``reset_prefix_cache``, a pause that clears it).
     on_reset_cache: Callable[[], None] | None = None
 
@@ -63,7 +67,7 @@ class MockUtility:
             )
         try:
             return None, fn(*args)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OSError) as exc:
             return f"Call to {method} method failed: {exc}", None
 
     # -- vLLM 0.32 EngineCore utility methods ------------------------------------------------
@@ -119,3 +123,17 @@ class MockUtility:
 
     def _u_is_sleeping(self) -> bool:
         return self.holding
+
+    def _u_add_lora(self, lora_request: Sequence[Any]) -> bool:
+        if self.loras.max_loras < 1:
+            raise ValueError("LoRA is not enabled (start the engine with --enable-lora)")
+        return self.loras.add_lora(lora_request)
+
+    def _u_remove_lora(self, lora_id: int) -> bool:
+        return self.loras.remove_lora(lora_id)
+
+    def _u_list_loras(self) -> list[int]:
+        return self.loras.list_loras()
+
+    def _u_pin_lora(self, lora_id: int) -> bool:
+        return self.loras.pin_lora(lora_id)

@@ -92,6 +92,9 @@ class EngineCoreReadyResponse(msgspec.Struct, kw_only=True):
     coord_store_port: int = 0
     coordinator_input_address: str | None = None
     coordinator_output_address: str | None = None
+    # vLLM: whether the engine serves LoRA adapters (--enable-lora) and how many at once.
+    supports_lora: bool = False
+    max_loras: int = 0
 
     @property
     def block_size_tokens(self) -> int:
@@ -175,8 +178,8 @@ def encode_ready_response(resp: EngineCoreReadyResponse, **extra: Any) -> bytes:
         del msg["block_size"]
     if resp.prefix_granularity is None:
         del msg["prefix_granularity"]
-    for key in _VLLM_033_KEYS:  # written only when set: a 0.32 registration stays 0.32-shaped
-        if not msg[key]:
+    for key in (*_VLLM_033_KEYS, "supports_lora", "max_loras"):  # written only when set (or
+        if not msg[key]:  # in ``extra``): a 0.32 registration stays 0.32-shaped
             del msg[key]
     msg.update(extra)
     return encoder.encode(msg)

@@ -339,6 +339,10 @@ class TokenSpeedProtocol:
             build_sampling_params(request)
         if request.priority:
             raise UnsupportedField("priority", "TokenSpeed", "its request carries no priority")
+        if request.lora is not None:
+            raise UnsupportedField(
+                "model", "TokenSpeed", "its request carries no LoRA adapter; name the base model"
+            )
 
     def encode_add(self, request: GenerateRequest) -> list[bytes]:
         """``[ADD, TokenizedGenerateReqInput prefix]``."""

@@ -17,6 +17,7 @@ __all__ = [
     "FinishReason",
     "Frames",
     "GenerateRequest",
+    "LoraRequest",
     "SamplingOptions",
     "StructuredOutputs",
     "TokenLogprobs",
@@ -174,6 +175,19 @@ class SamplingOptions(msgspec.Struct, kw_only=True):
     kv_transfer_params: dict[str, Any] | None = None
 
 
+class LoraRequest(msgspec.Struct, array_like=True, frozen=True):
+    """vLLM's ``LoRARequest`` as the EngineCore wire carries it (``vllm/lora/request.py``, 0.32:
+    six positional fields, all written). ``lora_int_id`` (>= 1) must be the same for one adapter
+    on every engine and from every frontend: the engine caches adapters by it."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+    base_model_name: str | None = None
+    load_inplace: bool = False
+    is_3d_lora_weight: bool = False
+
+
 class GenerateRequest(msgspec.Struct, kw_only=True):
     """One single-sample generate request (n>1 is fanned out before this point).
 
@@ -192,6 +206,8 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     arrival_time: float = 0.0
     #: vLLM's request priority: lower is scheduled first under ``--scheduling-policy priority``.
     priority: int = 0
+    #: The LoRA adapter the request names (``model`` = an adapter), else the base model.
+    lora: LoraRequest | None = None
     #: W3C ``traceparent``/``tracestate`` of the gateway's request span (tracing on only).
     trace_headers: dict[str, str] | None = None
     #: The DP rank the routing policy chose (``cache_aware``: the rank holding the prompt's
@@ -216,6 +232,8 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     default_max_tokens_is_remaining_context: bool
     seed_min: int
     seed_max: int
+    #: The request can name a LoRA adapter (vLLM's ``lora_request``).
+    lora_adapters: bool = False
 
 
 class EngineProtocol(Protocol):

@@ -31,6 +31,7 @@ from smg_trio.protocol.types import (
     FinishReason,
     Frames,
     GenerateRequest,
+    LoraRequest,
     SamplingOptions,
     StructuredOutputs,
     TokenLogprobs,
@@ -87,7 +88,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, kw_only=True):
     sampling_params: dict[str, Any] | None = None
     pooling_params: Any = None
     arrival_time: float = 0.0
-    lora_request: Any = None
+    lora_request: LoraRequest | None = None
     cache_salt: str | None = None
     data_parallel_rank: int | None = None
     prompt_embeds: Any = None
@@ -389,6 +390,7 @@ class VllmProtocol:
         default_max_tokens_is_remaining_context=True,
         seed_min=-(2**63),  # vLLM 0.32 takes any int64 seed
         seed_max=2**63 - 1,
+        lora_adapters=True,
     )
 
     def __init__(self, client_index: int = 0) -> None:
@@ -425,6 +427,7 @@ class VllmProtocol:
             data_parallel_rank=request.data_parallel_rank,
             client_index=self.client_index,
             priority=request.priority,
+            lora_request=request.lora,
             trace_headers=request.trace_headers,
         )
         return [ADD, encoder.encode(wire)]

@@ -28,6 +28,8 @@ from smg_trio.serve.control import CONTROL_SOCKET, control_app
 from smg_trio.serve.discovery import DiscoveryWatcher
 from smg_trio.serve.engine_control import add_engine_control_routes
 from smg_trio.serve.launcher import EngineExited, exit_cause, run_engine_process
+from smg_trio.serve.lora_routes import add_lora_routes
+from smg_trio.serve.lora_setup import check_static_adapters, register_static_adapters
 from smg_trio.serve.progress import StartupProgress
 from smg_trio.serve.supervisor import FrontendGroup, _Slots, listening_socket, run_directory
 from smg_trio.tokenizer.hub import is_hub_id
@@ -379,6 +381,8 @@ async def serve(
     eng = config.engines
     if eng is not None and eng.mock_script is not None and eng.model is not None:
         await trio.to_thread.run_sync(_check_mock_script, eng.mock_script, eng.model)
+    if config.lora_modules:  # before any engine starts: a bad adapter fails fast
+        await check_static_adapters(config.lora_modules, _confinement(config))
     with ExitStack() as stack:
         await _serve_in(config, plan, stack, force_stop, task_status)
 
@@ -463,6 +467,7 @@ async def _serve_in(
             manager, admin_api_key=admin_key, allow_insecure=config.allow_insecure_admin
         )
         add_engine_control_routes(admin, manager)
+        add_lora_routes(admin, manager, max_lora_rank=config.max_lora_rank)
         run_dir: str | None = None
         if config.api_server_count > 1:
             run_dir = stack.enter_context(
@@ -508,6 +513,7 @@ async def _serve_in(
                     nursery.start_soon(_follow_launched, manager, spec.url, runs[spec.url])
         finally:
             progress.finish()
+        await register_static_adapters(manager, config.lora_modules, config.max_lora_rank)
         discovery = None
         if config.discovery_file is not None:
             defaults = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from smg_trio.connector.client import ENGINE_SILENCE_DEATH_TIMEOUT_S
@@ -16,6 +18,7 @@ from smg_trio.gateway.config import (
     DEFAULT_RESPONSES_STORE_SIZE,
     DEFAULT_WRITE_TIMEOUT_S,
 )
+from smg_trio.lora import LoraModule
 from smg_trio.routing.cache_aware import CacheAwareConfig
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.tcp import DEFAULT_HEARTBEAT_IVL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
@@ -57,6 +60,11 @@ class EngineLaunchConfig:
     mock_script: str | None = None
     #: The engines' log lines below this level are not forwarded (``--engine-log-level``).
     engine_log_level: str = "info"
+
+
+def _lora_modules(items: Any) -> tuple[LoraModule, ...]:
+    """``LoraModule`` entries, or their dicts (the config a frontend reads back)."""
+    return tuple(m if isinstance(m, LoraModule) else LoraModule(**m) for m in items)
 
 
 @attrs.frozen
@@ -161,6 +169,10 @@ class GatewayConfig:
     zmq_heartbeat_interval_s: float = DEFAULT_HEARTBEAT_IVL_S
     zmq_heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     allowed_model_dirs: tuple[str, ...] | None = None
+    #: ``--lora-modules``: static LoRA adapters (docs/lora.md), and the engines' adapter rank
+    #: limit when the gateway knows it (it launched them with ``--max-lora-rank``).
+    lora_modules: tuple[LoraModule, ...] = attrs.field(default=(), converter=_lora_modules)
+    max_lora_rank: int | None = None
     #: While startup workers register, the longest gap between progress lines.
     startup_progress_interval_s: float = 5.0
     #: ``--api-server-count``: HTTP frontend processes; above 1, ``serve`` is their supervisor

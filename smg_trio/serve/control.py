@@ -17,6 +17,7 @@ from quart_trio import QuartTrio
 
 from smg_trio.gateway.openai.errors import ApiError
 from smg_trio.serve.engine_control import ENGINE_CONTROL_PATHS
+from smg_trio.serve.lora_routes import LORA_PATHS
 from smg_trio.worker.manager import WorkerManager, WorkerState
 
 __all__ = [
@@ -56,6 +57,7 @@ ADMIN_PATHS = (
     ("/workers/jobs/<job_id>", ("GET",)),
     ("/get_loads", ("GET",)),
     *ENGINE_CONTROL_PATHS,
+    *LORA_PATHS,
 )
 #: Response headers of an admin answer that the frontend passes on.
 _PASSED_HEADERS = ("content-type", "location", "www-authenticate", "retry-after")
@@ -103,6 +105,7 @@ def worker_table(manager: WorkerManager, slots: Callable[[str], int]) -> dict[st
     return {
         "draining": manager.draining,
         "workers": [_worker_entry(w, slots(w.worker_id)) for w in manager.workers],
+        "lora_adapters": manager.loras.to_json(),
     }
 
 

@@ -24,6 +24,8 @@ SAME_VIEW_GAUGES = frozenset(
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         "vllm:kv_cache_usage_perc",
+        # its value is the scrape's time, not a count
+        "vllm:lora_requests_info",
         # every frontend indexes the same engines' KV events
         "smg_kv_index_blocks",
         "smg_kv_index_from_events",

@@ -135,6 +135,7 @@ class FrontendManager(WorkerManager):
     def apply(self, table: dict[str, Any]) -> None:
         """Reconcile with one published table."""
         self._table = table
+        self.loras.replace(table.get("lora_adapters") or [])
         if table.get("draining") and not self.draining:
             self.start_draining()
         entries = {e["id"]: e for e in table.get("workers", [])}

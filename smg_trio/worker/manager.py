@@ -26,6 +26,7 @@ from smg_trio.connector.client import (
     open_engine_client,
 )
 from smg_trio.errors import ConflictError, EngineError, SmgError, ValidationError
+from smg_trio.lora import LoraRegistry
 from smg_trio.parsers.reasoning import get_reasoning_format
 from smg_trio.parsers.tools import tool_parser_names
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
@@ -53,6 +54,7 @@ from smg_trio.worker.jobs import (
     RegistrationJob,
 )
 from smg_trio.worker.kv_feed import KvFeed, routing_snapshot
+from smg_trio.worker.lora_affinity import LoraAffinity
 from smg_trio.worker.policies import (
     DEFAULT_POLICY,
     CacheAwarePolicy,
@@ -421,6 +423,10 @@ class WorkerManager:
         self.worker_wait_timeout_s = worker_wait_timeout_s
         self.model_grace_s = model_grace_s
         self.registry = WorkerRegistry()
+        #: The LoRA adapters served (a change wakes the frontends' table long-poll).
+        self.loras = LoraRegistry(on_change=self.registry.touch)
+        #: Which workers hold which adapters: a request for one prefers them.
+        self.lora_affinity = LoraAffinity()
         #: Registration jobs; finished ones expire by count and age.
         self.jobs = JobTable(max_finished=max_finished_jobs, ttl_s=job_ttl_s)
         #: Models with a registered worker whose tokenizer loaded.
@@ -510,12 +516,22 @@ class WorkerManager:
     ) -> Iterator[WorkerLease]:
         if self._draining:
             raise NoWorkerAvailable("the gateway is draining")
-        worker, rank = self.registry.select_engine(model_id, self.policy, exclude, route) or (
+        adapter = None if route is None else route.lora_name
+        affinity = self.lora_affinity
+        worker, rank = self.registry.select_engine(
+            model_id,
+            self.policy,
+            exclude,
+            route,
+            None if adapter is None else lambda ws: affinity.prefer(ws, adapter),
+        ) or (
             None,
             None,
         )
         if not isinstance(worker, WorkerState) or worker.engine_client is None:
             raise NoWorkerAvailable(f"no healthy worker for model {model_id!r}")
+        if adapter is not None:
+            affinity.record(worker, adapter)
         client = worker.engine_client
         worker.inflight += 1
         if worker.idle.is_set():

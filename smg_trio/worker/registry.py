@@ -277,12 +277,16 @@ class WorkerRegistry:
         policy: LoadBalancingPolicy,
         exclude: Collection[str] = (),
         request: RouteRequest | None = None,
+        narrow: Callable[[Sequence[Worker]], Sequence[Worker]] | None = None,
     ) -> tuple[Worker, int | None] | None:
         """:meth:`select` with the request (``cache_aware`` routes by its prompt) and the DP
-        rank the policy chose (``None``: the connector chooses by load)."""
+        rank the policy chose (``None``: the connector chooses by load). ``narrow`` may keep a
+        preferred non-empty subset of the candidates first (the LoRA affinity does)."""
         candidates: Sequence[Worker] = self.workers_for(model, exclude)
         if not candidates:
             return None
+        if narrow is not None:
+            candidates = narrow(candidates) or candidates
         if isinstance(policy, CacheAwarePolicy):
             return policy.select_engine(candidates, request)
         worker = policy.select(candidates, request)

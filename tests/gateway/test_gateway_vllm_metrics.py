@@ -14,6 +14,7 @@ from prometheus_client.samples import Sample
 
 from smg_trio.backend import ServedModel
 from smg_trio.gateway.http.metrics import VLLM_FINISH_REASONS, GatewayMetrics
+from smg_trio.lora import LoraRegistry
 from smg_trio.protocol.types import EngineLoad
 from tests.helpers.gateway import DEADLINE_S, Harness, HarnessFactory, steps_of
 
@@ -157,6 +158,7 @@ async def test_gauges_read_the_engines_reported_load(harness: HarnessFactory, to
 
 
 class _FakeClient:
+    engines: tuple[Any, ...] = ()  # no registrations: no engine serves LoRA
     prefix_cache_queries = 0
     prefix_cache_hits = 0
 
@@ -176,6 +178,7 @@ class _FakeBackend:
             ("A", _FakeClient(EngineLoad(0, 4, 0.75))),
         ]
         self.models = [ServedModel("A", tok, None, 4096), ServedModel("B", tok, None, 4096)]  # type: ignore[arg-type]
+        self.loras = LoraRegistry()
 
     def list_models(self) -> list[ServedModel]:
         return self.models
@@ -199,5 +202,5 @@ def test_gauges_aggregate_per_model_over_every_engine(tok: Any) -> None:
     assert gauge("vllm:kv_cache_usage_perc", "A") == pytest.approx(0.5)
     assert gauge("vllm:num_requests_running", "B") == 0
     assert gauge("vllm:kv_cache_usage_perc", "B") == 0
-    # LoRA is never used through smg_trio, and vLLM exports this only with --enable-lora
+    # vLLM exports this only with --enable-lora (tests/gateway_admin/test_lora.py has it)
     assert "vllm:lora_requests_info" not in fams

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Final, Literal, TypeVar
 
+import attrs
 import msgspec
 import trio
 from quart import Request, Response
@@ -257,6 +258,10 @@ class Gateway:
             name = known[0]
         served = backend.get_model(name)
         if served is None:
+            adapter = backend.loras.get(name)
+            if adapter is not None:  # a LoRA adapter: its base model's engines serve it
+                base = await self.resolve_model(adapter.base_model)
+                return attrs.evolve(base, model_id=adapter.name, lora=adapter)
             if name not in backend.known_models():
                 raise model_not_found(name)
             await backend.wait_for_worker(name)  # the tokenizer loads before it is ready
@@ -335,6 +340,9 @@ class RequestCall:
         self.prompt_tokens = 0
         self.subs: Sequence[SubRequest] = ()
         self._lease_cm: AbstractContextManager[WorkerLease] | None = None
+        #: The LoRA adapter this request uses, counted in flight until :meth:`close`.
+        self._adapter: str | None = None
+        self._adapter_started = False
         self._lease: WorkerLease | None = None
         #: What ``cache_aware`` routes by (the prompt, the session key); set by :meth:`lease`.
         self._route: RouteRequest | None = None
@@ -418,6 +426,13 @@ class RequestCall:
         self._reserve_decoded(data)
         return decode_body(data, type_)
 
+    def hold_adapter(self, served: ServedModel) -> None:
+        """Count this request as using ``served``'s LoRA adapter (if any) until :meth:`close`:
+        an adapter in use is not unloaded."""
+        if served.lora is not None and self._adapter is None:
+            self._adapter = served.lora.name
+            self.gw.backend.loras.acquire(self._adapter)
+
     async def _reserve_body(self) -> None:
         """Reserve the body's declared length (``max_body_bytes`` when it declares none) in
         the gateway's :class:`BodyBudget`, waiting up to ``queue_timeout_s`` for room (429
@@ -483,8 +498,9 @@ class RequestCall:
         return ResponseIds(self.response_id, self.created, self.engine_id)
 
     def route_of(self, body: object) -> RouteRequest | None:
-        """What ``cache_aware`` routes this request by: the first choice's prompt, and the
-        session key (the ``x-session-id`` header, else the body's ``prompt_cache_key``, else
+        """What ``cache_aware`` routes this request by: the first choice's prompt, its LoRA
+        adapter (the KV blocks' chain seed; the LoRA affinity prefers the workers holding it),
+        and the session key (the ``x-session-id`` header, else the body's ``prompt_cache_key``, else
         its ``user``), which makes the routing sticky."""
         if not self.subs:
             return None
@@ -494,7 +510,9 @@ class RequestCall:
                 break
             value = getattr(body, name, None)
             key = value if isinstance(value, str) and value else None
-        return RouteRequest(self.subs[0].request.prompt_token_ids, session_key=key)
+        return RouteRequest(
+            self.subs[0].request.prompt_token_ids, lora_name=self._adapter, session_key=key
+        )
 
     def _hint_rank(self, lease: WorkerLease) -> None:
         """Hand the policy's DP rank to the engine requests (the connector takes it unless
@@ -572,6 +590,9 @@ class RequestCall:
         last, self._last_batch = self._last_batch, now
         if last is None:
             self.first_batch = now
+            if self._adapter is not None and not self._adapter_started:
+                self._adapter_started = True
+                self.gw.backend.loras.start(self._adapter)
             if self.span is not None:
                 self.span.event("first_token")
         elif self._itl is not None:
@@ -617,18 +638,22 @@ class RequestCall:
         gw = self.gw
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
-                "%s %s finished: %d %s (tenant %s)",
+                "%s %s finished: %d %s (tenant %s)%s",
                 self.request_id,
                 self.endpoint,
                 status,
                 error_code or "",
                 self.tenant_name,
+                f" (LoRA adapter {self._adapter!r})" if self._adapter else "",
             )
         gw.metrics.in_flight.dec()
         if self._admitted:
             self._admitted = False
             gw.admission.leave(self)
             gw.body_budget.release(self)
+        adapter, self._adapter = self._adapter, None
+        if adapter is not None:
+            gw.backend.loras.release(adapter, started=self._adapter_started)
         cm, self._lease_cm = self._lease_cm, None
         if cm is not None:
             engine_exc = exc if isinstance(exc, EngineError) else None

@@ -27,6 +27,7 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
     try:
         body = await call.read_body(api.body_type)
         served = await call.gw.resolve_model(body.model)
+        call.hold_adapter(served)
         draft = api.check(body, served, call.gw.config)
         tokens = await call.tokenize(draft.tokenize)
         if call.gw.config.enable_log_requests:
@@ -39,7 +40,7 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
                 return call.ok_response(job.result(None))
             renderer = job.renderer()
             return sse_whole(call, renderer.start() + renderer.end() + stream_done(renderer))
-        client = (await call.lease(served.model_id, call.route_of(body))).client
+        client = (await call.lease(served.engine_model_id, call.route_of(body))).client
         check_data_parallel_rank(job.data_parallel_rank, client.ranks)
         if isinstance(job, ResponsesJob) and job.background is not None:
             response = await start_background(call, client, served.model_id, job)
@@ -51,7 +52,7 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
             return response
         collected = ChoiceCollector(len(job.subs))
         await call.run_with_retry(
-            served.model_id,
+            served.engine_model_id,
             client,
             lambda c: run_all(c, job.subs, collected.on_delta, call.on_batch),
         )

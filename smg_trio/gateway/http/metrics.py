@@ -11,6 +11,7 @@ engine batch (``vllm:inter_token_latency_seconds``); nothing is recorded per tok
 from __future__ import annotations
 
 import bisect
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -232,6 +233,33 @@ class _VllmCollector(Collector):
             out[model_id] = (running, waiting, kv)
         return out
 
+    def _lora_info(self) -> Iterator[Metric]:
+        """``vllm:lora_requests_info`` with vLLM 0.32's labels and value (the time now): the
+        adapters with requests running and waiting here, and the engines' ``max_loras``;
+        only when an engine serves LoRA or an adapter is registered."""
+        backend = self.backend
+        if backend is None:
+            return
+        limits = [
+            e.ready.max_loras
+            for _, client in backend.engine_clients()
+            for e in client.engines
+            if e.ready.supports_lora
+        ]
+        loras = backend.loras
+        if not limits and not len(loras):
+            return
+        family = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        )
+        family.add_metric(
+            [str(max(limits, default=0)), ",".join(loras.waiting()), ",".join(loras.running())],
+            time.time(),
+        )
+        yield family
+
     def collect(self) -> Iterator[Metric]:
         running = _gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches."
@@ -244,6 +272,7 @@ class _VllmCollector(Collector):
             waiting.add_metric([model_id], n_waiting)
             kv.add_metric([model_id], sum(usage) / len(usage) if usage else 0.0)
         yield from (running, waiting, kv)
+        yield from self._lora_info()
 
         prompt = CounterMetricFamily(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", labels=["model_name"]

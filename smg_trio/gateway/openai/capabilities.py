@@ -78,6 +78,7 @@ def render_capabilities(caps: Sequence[Capabilities]) -> str:
             ),
         ),
         _row("`seed` range", caps, lambda c: f"[{c.seed_min}, {c.seed_max}]"),
+        _row("`model` naming a LoRA adapter", caps, lambda c: _yes(c.lora_adapters)),
     ]
     for kind in kinds:
         lines.append(

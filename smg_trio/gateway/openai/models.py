@@ -22,16 +22,37 @@ def model_card(m: ServedModel) -> ModelCard:
     )
 
 
+def _cards(backend: GatewayBackend) -> list[ModelCard]:
+    """The listed models, each followed by its LoRA adapters (``root`` the adapter's path,
+    ``parent`` the base model, as vLLM lists them)."""
+    cards = []
+    for m in backend.list_models():
+        cards.append(model_card(m))
+        cards += [
+            ModelCard(
+                id=a.name,
+                created=m.created,
+                owned_by=m.owned_by,
+                root=a.path,
+                parent=m.model_id,
+                max_model_len=m.max_model_len,
+            )
+            for a in backend.loras.for_base(m.model_id)
+        ]
+    return cards
+
+
 def model_list(backend: GatewayBackend) -> bytes:
     """The JSON list of the models with a ready worker (a model whose workers are all still
-    registering, or all gone, is not listed, although requests for it wait for one)."""
-    return msgspec.json.encode(ModelList(data=[model_card(m) for m in backend.list_models()]))
+    registering, or all gone, is not listed, although requests for it wait for one), and
+    their LoRA adapters."""
+    return msgspec.json.encode(ModelList(data=_cards(backend)))
 
 
 def model_detail(backend: GatewayBackend, model_id: str) -> bytes:
     """One listed model's JSON card. Raises ``ApiError`` 404 ``model_not_found`` for a model
     :func:`model_list` does not list."""
-    m = next((m for m in backend.list_models() if m.model_id == model_id), None)
-    if m is None:
+    card = next((c for c in _cards(backend) if c.id == model_id), None)
+    if card is None:
         raise model_not_found(model_id)
-    return msgspec.json.encode(model_card(m))
+    return msgspec.json.encode(card)

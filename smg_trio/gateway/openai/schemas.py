@@ -341,6 +341,8 @@ class ModelCard(msgspec.Struct, kw_only=True):
     created: int
     owned_by: str
     root: str
+    #: vLLM's: the base model of a LoRA adapter, ``null`` for a base model.
+    parent: str | None = None
     max_model_len: int
 
 

@@ -522,6 +522,7 @@ def build_requests(
             data_parallel_rank=plan.data_parallel_rank,
             arrival_time=now,
             priority=plan.priority,
+            lora=None if served.lora is None else served.lora.request,
         )
         served.protocol.validate(req)
         out.append(req)
