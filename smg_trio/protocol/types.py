@@ -17,6 +17,8 @@ __all__ = [
     "FinishReason",
     "Frames",
     "GenerateRequest",
+    "PoolingOptions",
+    "PoolingTask",
     "SamplingOptions",
     "StructuredOutputs",
     "TokenLogprobs",
@@ -25,6 +27,9 @@ __all__ = [
 
 #: Frames of one ZMQ multipart message (``bytes`` or zero-copy ``memoryview``/``zmq.Frame`` buffers).
 Frames = Sequence[Any]
+
+#: vLLM's pooling tasks (``vllm/tasks.py``), the ones this gateway sends.
+PoolingTask = Literal["embed", "classify", "token_embed", "token_classify"]
 
 #: Engine-neutral finish reasons. vLLM ``REPETITION`` maps to ``"stop"``.
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -87,6 +92,9 @@ class EngineOutput(msgspec.Struct, gc=False):
     cached_tokens: int | None = None
     completion_tokens: int | None = None
     error: EngineError | None = None
+    #: A pooling request's result (vLLM ``pooling_output``): a numpy array, read in place from
+    #: its aux frame where it can be.
+    pooling: Any = None
 
 
 class UtilityReply(msgspec.Struct, frozen=True, gc=False):
@@ -163,6 +171,16 @@ class SamplingOptions(msgspec.Struct, kw_only=True):
     spaces_between_special_tokens: bool = True
 
 
+class PoolingOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """A pooling request's parameters (vLLM ``PoolingParams``' API fields): the task, the
+    Matryoshka ``dimensions`` and whether the pooler's activation runs (``None``: its
+    default)."""
+
+    task: PoolingTask
+    dimensions: int | None = None
+    use_activation: bool | None = None
+
+
 class GenerateRequest(msgspec.Struct, kw_only=True):
     """One single-sample generate request (n>1 is fanned out before this point).
 
@@ -181,6 +199,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     arrival_time: float = 0.0
     #: vLLM's request priority: lower is scheduled first under ``--scheduling-policy priority``.
     priority: int = 0
+    #: Set for a pooling request (embeddings, classification, scores): the engine pools the
+    #: prompt instead of sampling (``sampling`` is then not sent).
+    pooling: PoolingOptions | None = None
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
@@ -199,6 +220,8 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     default_max_tokens_is_remaining_context: bool
     seed_min: int
     seed_max: int
+    #: Whether the wire carries pooling requests (embeddings, classify, score, rerank).
+    pooling: bool = False
 
 
 class EngineProtocol(Protocol):
