@@ -22,8 +22,6 @@ _KINDS: dict[str, str] = {
     "float32": "f4",
     "f2": "f2",
     "float16": "f2",
-    "f8": "f8",
-    "float64": "f8",
     # torch's bfloat16 (pooling outputs of bf16 models): read as its raw 16 bits, widened below.
     "bfloat16": "u2",
 }
@@ -41,8 +39,8 @@ def _numpy_dtype(name: Any) -> np.dtype[Any]:
     kind = _KINDS.get(body)
     if kind is None:
         raise DecodeError(
-            f"unsupported tensor dtype {name!r} (expected i4/i8/f2/f4/f8 or int32/int64/"
-            "float16/bfloat16/float32/float64)"
+            f"unsupported tensor dtype {name!r} (expected i4/i8/f2/f4 or int32/int64/float16/"
+            "bfloat16/float32)"
         )
     return np.dtype(order + kind)
 
