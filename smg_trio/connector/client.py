@@ -17,6 +17,7 @@ import trio
 
 from smg_trio.connector.routing import RankRouter, SharedRankLoad, WaveClock
 from smg_trio.connector.stream import RequestStream, _Entry
+from smg_trio.connector.tasks import EngineTasks
 from smg_trio.connector.utility import UtilityCalls
 from smg_trio.errors import (
     ClientClosed,
@@ -193,6 +194,8 @@ class EngineClient:
         self._to_wake: dict[_Entry, None] = {}
         #: Utility calls waiting for their engine's answer.
         self._utility = UtilityCalls()
+        #: The engine's supported tasks (``get_supported_tasks``), settled by ``learn_tasks``.
+        self.tasks = EngineTasks()
 
     # -- introspection -------------------------------------------------------------------
 

@@ -49,6 +49,9 @@ class RegistrationTiming:
     step_timeout_s: float = 10.0
     #: The failure step: closing the sockets and forgetting the worker.
     cleanup_timeout_s: float = 10.0
+    #: The bound on the engine's ``get_supported_tasks`` answer (asked beside the
+    #: registration, not in it); unanswered, the engine is taken as generate-only.
+    tasks_timeout_s: float = 10.0
 
 
 def tokenizer_retryable(exc: Exception) -> bool:

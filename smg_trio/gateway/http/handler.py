@@ -10,6 +10,7 @@ from smg_trio.gateway.http.sse import sse_response, sse_whole
 from smg_trio.gateway.openai.api import B, InferenceApi
 from smg_trio.gateway.openai.fanout import run_all
 from smg_trio.gateway.openai.framing import stream_done
+from smg_trio.gateway.openai.pooling import check_generates
 from smg_trio.gateway.openai.textgen import ChoiceCollector
 from smg_trio.gateway.openai.translate import check_data_parallel_rank
 
@@ -35,6 +36,7 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
             renderer = job.renderer()
             return sse_whole(call, renderer.start() + renderer.end() + stream_done(renderer))
         client = (await call.lease(served.model_id)).client
+        check_generates(client, served.model_id)  # a pooling-only engine: 400
         check_data_parallel_rank(job.data_parallel_rank, client.ranks)
         if job.stream:
             response = await sse_response(call, client, job.subs, job.renderer())
