@@ -13,6 +13,7 @@ from smg_trio.connector.client import EngineClient
 from smg_trio.errors import SmgError
 from smg_trio.protocol.types import EngineProtocol
 from smg_trio.tokenizer.core import Tokenizer
+from smg_trio.tokenizer.pooling_info import PoolingInfo
 
 __all__ = [
     "GatewayBackend",
@@ -42,6 +43,8 @@ class ServedModel:
     extra_eos_token_ids: list[int] = attrs.field(factory=list)
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
+    #: Classifier labels and Matryoshka dimensions from ``config.json`` (pooling models).
+    pooling: PoolingInfo = attrs.field(factory=PoolingInfo)
     created: int = attrs.field(factory=lambda: int(time.time()))
     owned_by: str = "smg_trio"
 

@@ -115,6 +115,10 @@ class GatewayHttpConfig:
     max_top_logprobs: int = attrs.field(default=20)
     max_prompts: int = attrs.field(default=128, validator=_positive)
     max_body_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive)
+    #: Pooling routes (embeddings, score, rerank...): most inputs (engine requests) in one
+    #: request, and most tokens over them all (docs/pooling.md).
+    max_pooling_items: int = attrs.field(default=2048, validator=_positive)
+    max_pooling_tokens: int = attrs.field(default=1_048_576, validator=_positive)
     api_key: str | None = None
     request_id_headers: tuple[str, ...] = attrs.field(
         default=DEFAULT_REQUEST_ID_HEADERS, converter=_lower

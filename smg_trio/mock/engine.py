@@ -25,6 +25,7 @@ import trio
 
 from smg_trio.codec.msgpack import decode, encoder
 from smg_trio.codec.tensor import encode_tensor_inline
+from smg_trio.mock.pooling import MockPooler
 from smg_trio.mock.script import MockScript, MockScriptError, load_script
 from smg_trio.mock.utility import MockUtility
 from smg_trio.protocol import tokenspeed as ts
@@ -71,6 +72,8 @@ class MockRequest:
     #: The frontend client whose output socket gets this request's outputs (vLLM's
     #: ``EngineCoreRequest.client_index``; TokenSpeed has one client).
     client_index: int = 0
+    #: A pooling request's wire ``PoolingParams`` array (vLLM), ``None`` for generation.
+    pooling: Any = None
 
 
 #: A scripted plan: the token ids to emit per step for a request (each inner list is one step).
@@ -101,6 +104,9 @@ class MockEngineConfig:
     error_finish: Callable[[MockRequest], bool | vllm.RequestError] | None = None
     #: Scripted replies for prompts that match a rule (``plan``, when set, comes first).
     script: MockScript | None = None
+    #: A pooling model (vLLM ``--runner pooling``): pooling requests answered, generation
+    #: requests refused with ERROR; ``get_supported_tasks`` answers its tasks.
+    pooler: MockPooler | None = None
 
 
 class MockEngine:
@@ -137,6 +143,8 @@ class MockEngine:
         self._hard_killed = False
         #: Utility calls (vLLM): sleep, pause, reset_prefix_cache... (:mod:`smg_trio.mock.utility`).
         self.utility = MockUtility(on_pause=self._on_pause)
+        if self.config.pooler is not None:
+            self.utility.supported_tasks = self.config.pooler.tasks
         self._abort_on_pause = False
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -333,6 +341,7 @@ class MockEngine:
                 n=1,
                 raw=r,
                 client_index=r.client_index,
+                pooling=r.pooling_params,
             )
         t = msgspec.msgpack.decode(payload, type=ts.TokenizedGenerateReqInput)
         p = t.sampling_params
@@ -449,6 +458,14 @@ class MockEngine:
                         req.error = verdict
                     results.append((req, [], "error", None))
                     continue
+                if (req.pooling is not None) != (cfg.pooler is not None):
+                    # A pooling request to a generation model, or the reverse: vLLM's
+                    # frontend refuses it; the engine core fails it.
+                    results.append((req, [], "error", None))
+                    continue
+                if req.pooling is not None:  # pooled in one step, FINAL_ONLY
+                    results.append((req, [], "stop", None))
+                    continue
                 toks, reason, stop = self._advance(req)
                 results.append((req, toks, reason, stop))
             for req, _, reason, _ in results:
@@ -515,6 +532,14 @@ class MockEngine:
                 lps[r, c] = lps[r, 0] - (c - 1) * 0.5
         return [self._tensor(ids, aux), self._tensor(lps, aux), self._tensor(ranks, aux), None]
 
+    def _pooled(self, pooler: MockPooler, req: MockRequest, aux: list[bytes]) -> list[Any]:
+        vec = pooler.pool(req.prompt_token_ids, req.pooling)
+        triple = self._tensor(vec, aux)
+        if pooler.fault == "malformed":  # one byte short of its shape
+            aux.append(vec.tobytes()[:-1])
+            triple = [vec.dtype.name, list(vec.shape), len(aux)]
+        return triple
+
     @staticmethod
     def _tensor(arr: np.ndarray[Any, Any], aux: list[bytes]) -> list[Any]:
         if arr.nbytes < _AUX_THRESHOLD_BYTES:
@@ -558,11 +583,15 @@ class MockEngine:
                 )
             if reason in ("reject", "error"):
                 finished.append(req.request_id)
+            pooled = None
+            if reason == "stop" and req.pooling is not None and self.config.pooler is not None:
+                pooled = self._pooled(self.config.pooler, req, aux)
             outs.append(
                 vllm.EngineCoreOutput(
                     request_id=req.request_id,
                     new_token_ids=toks,
                     new_logprobs=self._logprobs(req, toks, aux),
+                    pooling_output=pooled,
                     finish_reason=None if reason is None else codes[reason],
                     stop_reason=stop,
                     prefill_stats=prefill,

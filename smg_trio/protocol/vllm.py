@@ -241,7 +241,11 @@ def _output(o: EngineCoreOutput, frames: Frames) -> EngineOutput:
     if o.new_prompt_logprobs_tensors is not None:
         out.prompt_logprobs = resolve_logprobs(o.new_prompt_logprobs_tensors, frames)
     if o.pooling_output is not None:
-        out.pooling = decode_pooling_output(o.pooling_output, frames)
+        try:
+            out.pooling = decode_pooling_output(o.pooling_output, frames)
+        except DecodeError as exc:  # this request's fault, not the batch's: fail it alone
+            out.finish_reason = "error"
+            out.error = EngineError("invalid_pooling_output", f"the engine's pooling output: {exc}")
     ps = o.prefill_stats
     if ps is not None:
         out.prompt_tokens = ps.num_prompt_tokens

@@ -129,7 +129,7 @@ async def test_unknown_path_lists_the_served_endpoints(harness: HarnessFactory) 
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/embeddings", "/v1/audio/transcriptions", "/v1/images/generations"]
+    "path", ["/v1/moderations", "/v1/audio/transcriptions", "/v1/images/generations"]
 )
 async def test_known_unserved_endpoint_is_501(harness: HarnessFactory, path: str) -> None:
     with trio.fail_after(DEADLINE_S):

@@ -10,7 +10,7 @@ import pytest
 
 from smg_trio.codec.msgpack import decode, encoder
 from smg_trio.errors import DecodeError, UnsupportedField
-from smg_trio.protocol.pooling import PoolingParams
+from smg_trio.protocol.pooling import PoolingParams, decode_pooling_output
 from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
 from smg_trio.protocol.types import GenerateRequest, PoolingOptions, SamplingOptions
 from smg_trio.protocol.vllm import EngineCoreRequest, VllmProtocol, decode_outputs
@@ -57,7 +57,8 @@ def test_pooling_request_carries_pooling_params_and_no_sampling_params() -> None
     assert wire[3] is None  # sampling_params
     assert msgspec.msgpack.encode(wire[4]).hex() == EMBED  # pooling_params, in place
     generate = decode(VllmProtocol().encode_add(_request(None))[1], EngineCoreRequest)
-    assert generate.pooling_params is None and generate.sampling_params is not None
+    assert generate.pooling_params is None
+    assert generate.sampling_params is not None
 
 
 def test_pooling_output_from_an_aux_frame_is_read_in_place() -> None:
@@ -76,21 +77,30 @@ def test_inline_bfloat16_pooling_output_widens_to_float32() -> None:
     assert out.pooling.tolist() == [1.5, -2.0]
 
 
-def test_nan_in_pooling_output_is_a_decode_error() -> None:
+def _failed(frames: list[bytes]) -> str:
+    """The one output of ``frames``: failed alone (the batch decodes), its error message."""
+    out = decode_outputs(frames).outputs[0]
+    assert out.finish_reason == "error"
+    assert out.pooling is None
+    assert out.error is not None
+    assert out.error.code == "invalid_pooling_output"
+    return out.error.message
+
+
+def test_nan_in_pooling_output_fails_that_request() -> None:
     data = np.array([1.0, np.nan] + [0.0] * 298, dtype=np.float32).tobytes()
+    assert "NaN" in _failed([bytes.fromhex(AUX_ENVELOPE), data])
     with pytest.raises(DecodeError, match="NaN"):
-        decode_outputs([bytes.fromhex(AUX_ENVELOPE), data])
+        decode_pooling_output(["float32", [2], 1], [b"", data[:8]])
 
 
 @pytest.mark.parametrize("data", [b"", b"\x00" * 1199, b"\x00" * 1204])
-def test_malformed_pooling_frame_is_a_decode_error(data: bytes) -> None:
-    with pytest.raises(DecodeError, match="byte length"):
-        decode_outputs([bytes.fromhex(AUX_ENVELOPE), data])
+def test_malformed_pooling_frame_fails_that_request(data: bytes) -> None:
+    assert "byte length" in _failed([bytes.fromhex(AUX_ENVELOPE), data])
 
 
-def test_missing_aux_frame_is_a_decode_error() -> None:
-    with pytest.raises(DecodeError, match="aux frame index"):
-        decode_outputs([bytes.fromhex(AUX_ENVELOPE)])
+def test_missing_aux_frame_fails_that_request() -> None:
+    assert "aux frame index" in _failed([bytes.fromhex(AUX_ENVELOPE)])
 
 
 def test_tokenspeed_refuses_pooling_by_name() -> None:

@@ -10,6 +10,7 @@ from quart import Request, Response
 
 from smg_trio.gateway.http.call import Gateway, RequestCall
 from smg_trio.gateway.http.handler import handle
+from smg_trio.gateway.http.pooling_route import pooling_routes
 from smg_trio.gateway.http.utility import utility_route
 from smg_trio.gateway.openai.api import InferenceApi
 from smg_trio.gateway.openai.chat import CHAT
@@ -88,6 +89,7 @@ def inference_routes(gw: Gateway) -> dict[str, Route]:
     routes: dict[str, Route] = {path: _route(gw, api) for path, api in INFERENCE_APIS}
     # The Responses API is made per gateway: it reads and fills the gateway's store.
     routes["/v1/responses"] = _route(gw, ResponsesApi(gw.responses))
+    routes.update(pooling_routes(gw))  # embeddings, classify, score, rerank (docs/pooling.md)
     tok = utility_route(gw, "tokenize", TokenizeRequest, tokenize)
     detok = utility_route(gw, "detokenize", DetokenizeRequest, detokenize)
     routes.update({"/tokenize": tok, "/v1/tokenize": tok})
