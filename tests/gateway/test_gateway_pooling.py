@@ -236,3 +236,81 @@ async def test_cohere_v2_embed(harness: HarnessFactory) -> None:
             assert out["meta"]["billed_units"]["input_tokens"] > 0
             err = _error(await h.post("/v2/embed", {"model": "M", "texts": []}), 400)
             assert err["param"] == "texts"
+
+
+def _cos(a: list[float], b: list[float]) -> float:
+    x, y = np.asarray(a), np.asarray(b)
+    return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
+
+
+async def test_classify_labels_from_the_model_config(harness: HarnessFactory) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(pooler=POOLER) as h:
+            h.served.pooling = PoolingInfo(labels=("neg", "pos"))
+            resp = await h.post("/classify", {"model": "M", "input": ["good", "bad"]})
+            assert resp.status_code == 200, resp.text
+            body = resp.json()
+            for d, text in zip(body["data"], ["good", "bad"], strict=True):
+                ids = h.tok.encode(text, add_special_tokens=True)
+                probs = POOLER.pool(ids, [True, None, None, None, "classify"]).tolist()
+                assert d["probs"] == pytest.approx(probs, rel=1e-6)
+                assert d["num_classes"] == 2
+                assert d["label"] == ("neg", "pos")[int(np.argmax(probs))]
+            assert body["id"].startswith("classify-")
+
+
+async def test_classify_needs_a_classify_engine(harness: HarnessFactory) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(pooler=MockPooler()) as h:  # no labels: embed only
+            err = _error(await h.post("/classify", {"model": "M", "input": "x"}), 400)
+            assert err["code"] == "unsupported_task"
+            assert "'classify'" in err["message"]
+
+
+async def test_pooling_route_gives_the_raw_output(harness: HarnessFactory) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(pooler=POOLER) as h:
+            body = (await h.post("/pooling", {"model": "M", "input": [[5, 6]]})).json()
+            assert body["data"][0]["object"] == "pooling"
+            assert body["data"][0]["data"] == pytest.approx(expected(h, [5, 6]), rel=1e-6)
+
+
+async def test_score_is_the_cosine_of_the_embeddings(harness: HarnessFactory) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(pooler=POOLER) as h:
+            for path in ("/score", "/v1/score"):
+                resp = await h.post(
+                    path, {"model": "M", "text_1": "what is up", "text_2": ["up", "down"]}
+                )
+                assert resp.status_code == 200, resp.text
+                data = resp.json()["data"]
+                q = expected(h, h.tok.encode("what is up", add_special_tokens=True))
+                for d, doc in zip(data, ["up", "down"], strict=True):
+                    v = expected(h, h.tok.encode(doc, add_special_tokens=True))
+                    assert d["score"] == pytest.approx(_cos(q, v), rel=1e-5)
+            err = _error(
+                await h.post("/score", {"model": "M", "text_1": ["a", "b"], "text_2": ["c"]}),
+                400,
+            )
+            assert err["param"] == "text_1"
+
+
+@pytest.mark.parametrize("path", ["/rerank", "/v1/rerank", "/v2/rerank"])
+async def test_rerank_orders_by_score(harness: HarnessFactory, path: str) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(pooler=POOLER) as h:
+            docs = ["the cat sat", "a dog ran", "the cat sat on the mat", "zebra"]
+            body = {"model": "M", "query": "the cat", "documents": docs}
+            out = (await h.post(path, body)).json()
+            q = expected(h, h.tok.encode("the cat", add_special_tokens=True))
+            scores = [_cos(q, expected(h, h.tok.encode(d, add_special_tokens=True))) for d in docs]
+            order = sorted(range(len(docs)), key=lambda i: -scores[i])
+            assert [r["index"] for r in out["results"]] == order
+            assert [r["document"]["text"] for r in out["results"]] == [docs[i] for i in order]
+            assert out["results"][0]["relevance_score"] == pytest.approx(scores[order[0]], rel=1e-5)
+            top = (await h.post(path, {**body, "top_n": 2, "return_documents": False})).json()
+            assert [r["index"] for r in top["results"]] == order[:2]
+            assert "document" not in top["results"][0]
+            assert top["usage"]["prompt_tokens"] == top["usage"]["total_tokens"] > 0
+            err = _error(await h.post(path, {**body, "documents": []}), 400)
+            assert err["param"] == "documents"

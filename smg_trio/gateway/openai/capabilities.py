@@ -76,7 +76,7 @@ def render_capabilities(caps: Sequence[Capabilities]) -> str:
         ),
         _row("`seed` range", caps, lambda c: f"[{c.seed_min}, {c.seed_max}]"),
         _row(
-            "pooling: `/v1/embeddings`, `/v2/embed` ([pooling.md](pooling.md))",
+            "pooling: `/v1/embeddings`, `/v2/embed`, `/pooling`, `/classify`, `/score`, `/rerank` ([pooling.md](pooling.md))",
             caps,
             lambda c: _yes(c.pooling),
         ),

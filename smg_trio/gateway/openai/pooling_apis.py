@@ -7,6 +7,12 @@ from typing import Any
 
 import attrs
 
+from smg_trio.gateway.openai.classify import (
+    CLASSIFY,
+    POOLING,
+    ClassificationResponse,
+    PoolingResponse,
+)
 from smg_trio.gateway.openai.embeddings import (
     EMBED_V2,
     EMBEDDINGS,
@@ -14,6 +20,7 @@ from smg_trio.gateway.openai.embeddings import (
     EmbeddingResponse,
 )
 from smg_trio.gateway.openai.pooling import PoolingApi
+from smg_trio.gateway.openai.score import RERANK, RERANK_V2, SCORE, RerankResponse, ScoreResponse
 
 __all__ = ["POOLING_APIS", "PoolingRoute"]
 
@@ -44,5 +51,38 @@ POOLING_APIS: tuple[PoolingRoute, ...] = (
         "embedV2",
         "Embeddings in Cohere's v2 shape (as vLLM serves it); needs a pooling model",
         CohereEmbedResponse,
+    ),
+    PoolingRoute(
+        "/pooling",
+        POOLING,
+        "pooling",
+        "The raw pooled output (vLLM's shape; task embed unless given)",
+        PoolingResponse,
+    ),
+    PoolingRoute(
+        "/classify",
+        CLASSIFY,
+        "classify",
+        "Class probabilities and labels (config.json id2label); needs a classify model",
+        ClassificationResponse,
+    ),
+    PoolingRoute(
+        "/score",
+        SCORE,
+        "score",
+        "Pair scores: cosine of embeddings (bi-encoders; vLLM's shape)",
+        ScoreResponse,
+    ),
+    PoolingRoute("/v1/score", SCORE, "scoreV1", "Pair scores (as /score)", ScoreResponse),
+    PoolingRoute(
+        "/rerank",
+        RERANK,
+        "rerank",
+        "Documents by relevance to a query (Jina's shape; bi-encoders), top_n",
+        RerankResponse,
+    ),
+    PoolingRoute("/v1/rerank", RERANK, "rerankV1", "As /rerank", RerankResponse),
+    PoolingRoute(
+        "/v2/rerank", RERANK_V2, "rerankV2", "As /rerank (Cohere's v2 path)", RerankResponse
     ),
 )
