@@ -314,3 +314,16 @@ async def test_rerank_orders_by_score(harness: HarnessFactory, path: str) -> Non
             assert top["usage"]["prompt_tokens"] == top["usage"]["total_tokens"] > 0
             err = _error(await h.post(path, {**body, "documents": []}), 400)
             assert err["param"] == "documents"
+
+
+async def test_pooling_requests_count_in_the_metrics_by_endpoint(harness: HarnessFactory) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(pooler=POOLER) as h:
+            await h.post("/v1/embeddings", {"model": "M", "input": ["a", "b"]})
+            await h.post("/rerank", {"model": "M", "query": "a", "documents": ["b"]})
+            await h.post("/v1/embeddings", {"model": "M", "input": ""})
+            text = (await h.http.get("/metrics")).text
+            assert 'smg_router_requests_total{endpoint="embeddings",status="200"} 1.0' in text
+            assert 'smg_router_requests_total{endpoint="rerank",status="200"} 1.0' in text
+            assert 'smg_router_requests_total{endpoint="embeddings",status="400"} 1.0' in text
+            assert "smg_router_requests_in_flight 0.0" in text
