@@ -327,3 +327,22 @@ async def test_pooling_requests_count_in_the_metrics_by_endpoint(harness: Harnes
             assert 'smg_router_requests_total{endpoint="rerank",status="200"} 1.0' in text
             assert 'smg_router_requests_total{endpoint="embeddings",status="400"} 1.0' in text
             assert "smg_router_requests_in_flight 0.0" in text
+
+
+async def test_a_text_that_cannot_fit_is_refused_before_it_is_encoded(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with harness(pooler=POOLER, max_model_len=32) as h:
+            encoded: list[str] = []
+            real = h.tok.encode
+
+            def spy(text: str, **kw: Any) -> list[int]:
+                encoded.append(text)
+                return real(text, **kw)
+
+            monkeypatch.setattr(h.tok, "encode", spy)
+            huge = "x" * 100_000
+            err = _error(await h.post("/v1/embeddings", {"model": "M", "input": ["ok", huge]}), 400)
+            assert err["code"] == "context_length_exceeded"
+            assert huge not in encoded

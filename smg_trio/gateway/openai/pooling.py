@@ -116,6 +116,21 @@ def check_count(count: int, limits: PoolingLimits, param: str) -> None:
         )
 
 
+def _too_long(where: str, count: str, limits: PoolingLimits, param: str) -> ValidationError:
+    return _bad(
+        f"{where} has {count} tokens, more than the model's context of "
+        f"{limits.max_model_len} (set truncate_prompt_tokens to truncate it)",
+        param,
+        "context_length_exceeded",
+    )
+
+
+def _too_many(limits: PoolingLimits, param: str) -> ValidationError:
+    return _bad(
+        f"the inputs hold more than {limits.max_tokens} tokens in all", param, "too_many_tokens"
+    )
+
+
 def _truncate(ids: list[int], truncate: int | None, side: str, max_len: int) -> list[int]:
     if truncate is None:
         return ids
@@ -165,6 +180,13 @@ def tokenize_items(
         if isinstance(item, str):
             if not item:
                 raise _bad(f"{where} must not be empty", param)
+            # Refused before it is encoded whole when it cannot fit (a lower bound from its
+            # length: nothing that could fit is refused).
+            lower = tok.min_tokens(item, limits.max_model_len)
+            if truncate_prompt_tokens is None and lower > limits.max_model_len:
+                raise _too_long(where, f"at least {lower}", limits, param)
+            if total + lower > limits.max_tokens:
+                raise _too_many(limits, param)
             ids = tok.encode(item, add_special_tokens=add_special_tokens)
         elif isinstance(item, list) and item and all(_is_int(t) for t in item):
             bad = next((t for t in item if not 0 <= t < vocab), None)
@@ -177,19 +199,10 @@ def tokenize_items(
             raise _bad(f"{where} encodes to no tokens", param)
         ids = _truncate(ids, truncate_prompt_tokens, truncation_side, limits.max_model_len)
         if len(ids) > limits.max_model_len:
-            raise _bad(
-                f"{where} has {len(ids)} tokens, more than the model's context of "
-                f"{limits.max_model_len} (set truncate_prompt_tokens to truncate it)",
-                param,
-                "context_length_exceeded",
-            )
+            raise _too_long(where, str(len(ids)), limits, param)
         total += len(ids)
         if total > limits.max_tokens:
-            raise _bad(
-                f"the inputs hold more than {limits.max_tokens} tokens in all",
-                param,
-                "too_many_tokens",
-            )
+            raise _too_many(limits, param)
         out.append(ids)
     return out
 
