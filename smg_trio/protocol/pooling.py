@@ -4,8 +4,9 @@ Wire source: ``vllm/pooling_params.py`` (``PoolingParams``, ``LateInteractionPar
 structs, ``array_like`` with ``omit_defaults``, so trailing defaults are left off),
 ``vllm/sampling_params.py`` (``RequestOutputKind``) and ``vllm/v1/engine/__init__.py``
 (``EngineCoreOutput.pooling_output``, a tensor triple: inline below
-``VLLM_MSGPACK_ZERO_COPY_THRESHOLD`` bytes, else an aux frame index), vLLM 0.32.0. 0.33 keeps
-the same ten fields. The params are sent as vLLM's own frontend leaves them after
+``VLLM_MSGPACK_ZERO_COPY_THRESHOLD`` bytes, else an aux frame index), vLLM 0.32.0. The layout
+is not append-only across versions (older vLLMs led with ``truncate_prompt_tokens`` and
+``normalize``); 0.33's has not been checked against its wheel. The params are sent as vLLM's own frontend leaves them after
 ``PoolingParams.verify`` (``use_activation`` and ``skip_reading_prefix_cache`` resolved): the
 engine core does not verify them again.
 """
