@@ -699,6 +699,19 @@ def _parser() -> argparse.ArgumentParser:
         "(with --script; default: the generated tiny model serve --backend mock serves)",
     )
     parser.add_argument(
+        "--runner",
+        choices=("generate", "pooling"),
+        default="generate",
+        help="vLLM's --runner: pooling serves embeddings (and, with --labels, classify) and "
+        "refuses generation (smg_trio/mock/pooling.py)",
+    )
+    parser.add_argument(
+        "--labels",
+        metavar="A,B,...",
+        default="",
+        help="with --runner pooling: the classifier head's labels (classify is then served)",
+    )
+    parser.add_argument(
         "--hello-after",
         metavar="FILE",
         help="load slowly: dial the gateway only once FILE exists, logging a WARNING while it "
@@ -750,6 +763,13 @@ def _load_script_or_exit(
         parser.error(str(exc))
 
 
+def pooler_of(runner: str, labels: str) -> MockPooler | None:
+    """The mock's pooler for ``--runner``/``--labels`` (``None``: a generation model)."""
+    if runner != "pooling":
+        return None
+    return MockPooler(labels=tuple(x for x in (s.strip() for s in labels.split(",")) if x))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m smg_trio.mock.engine``: dial ``--handshake`` and serve until SIGINT or
     SIGTERM; returns the exit status (0 on a signal)."""
@@ -774,6 +794,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_model_len=args.max_model_len,
         data_parallel_size=args.data_parallel_size,
         script=script,
+        pooler=pooler_of(args.runner, args.labels),
     )
     engine = MockEngine(args.handshake, config)
     log.info("mock %s engine %d dialing %s", config.protocol, config.engine_index, args.handshake)

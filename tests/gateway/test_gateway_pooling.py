@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from smg_trio.gateway.config import GatewayHttpConfig
+from smg_trio.mock.engine import pooler_of
 from smg_trio.mock.pooling import MockPooler
 from smg_trio.tokenizer.pooling_info import PoolingInfo
 from tests.helpers.gateway import DEADLINE_S, Harness, HarnessFactory
@@ -346,3 +347,12 @@ async def test_a_text_that_cannot_fit_is_refused_before_it_is_encoded(
             err = _error(await h.post("/v1/embeddings", {"model": "M", "input": ["ok", huge]}), 400)
             assert err["code"] == "context_length_exceeded"
             assert huge not in encoded
+
+
+def test_mock_cli_runner_pooling_makes_a_pooler() -> None:
+    assert pooler_of("generate", "a,b") is None
+    assert pooler_of("pooling", "") == MockPooler()
+    pooler = pooler_of("pooling", "neg, pos")
+    assert pooler is not None
+    assert pooler.labels == ("neg", "pos")
+    assert pooler.tasks == ("embed", "classify")
