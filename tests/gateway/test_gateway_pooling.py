@@ -356,3 +356,26 @@ def test_mock_cli_runner_pooling_makes_a_pooler() -> None:
     assert pooler is not None
     assert pooler.labels == ("neg", "pos")
     assert pooler.tasks == ("embed", "classify")
+
+
+async def test_admission_and_body_limits_apply(harness: HarnessFactory) -> None:
+    config = GatewayHttpConfig(max_concurrent_requests=1, queue_size=0, max_body_bytes=4096)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(pooler=POOLER, config=config) as h:
+            h.engine.stall()
+            async with trio.open_nursery() as nursery:
+                first: list[int] = []
+
+                async def hold() -> None:
+                    resp = await h.post("/v1/embeddings", {"model": "M", "input": "a"})
+                    first.append(resp.status_code)
+
+                nursery.start_soon(hold)
+                while not h.engine.requests:
+                    await h.engine.request_event.wait()
+                busy = await h.post("/v1/embeddings", {"model": "M", "input": "b"})
+                assert busy.status_code == 429, busy.text
+                h.engine.resume()
+            assert first == [200]
+            big = await h.post("/v1/embeddings", {"model": "M", "input": "x" * 5000})
+            assert big.status_code == 413
