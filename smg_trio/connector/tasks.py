@@ -13,10 +13,19 @@ from smg_trio.errors import ClientClosed, EngineDeadError, UtilityCallFailed, Ut
 if TYPE_CHECKING:
     from smg_trio.connector.client import EngineClient
 
-__all__ = ["DEFAULT_TASKS", "GENERATION_TASKS", "POOLING_TASKS", "EngineTasks", "learn_tasks"]
+__all__ = [
+    "TASKS_TIMEOUT_S",
+    "DEFAULT_TASKS",
+    "GENERATION_TASKS",
+    "POOLING_TASKS",
+    "EngineTasks",
+    "learn_tasks",
+]
 
 log = logging.getLogger(__name__)
 
+#: The default bound on an engine's ``get_supported_tasks`` answer.
+TASKS_TIMEOUT_S = 10.0
 #: What an engine that does not answer (or has no utility calls: TokenSpeed) is taken to do.
 DEFAULT_TASKS: frozenset[str] = frozenset({"generate"})
 #: vLLM ``GenerationTask`` and ``PoolingTask`` (``vllm/tasks.py``, 0.32).

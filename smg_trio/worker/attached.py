@@ -15,6 +15,7 @@ import trio
 
 from smg_trio.backend import ServedModel, WorkerLease
 from smg_trio.connector.client import attach_engine_client
+from smg_trio.connector.tasks import TASKS_TIMEOUT_S, learn_tasks
 from smg_trio.errors import EngineError, SmgError
 from smg_trio.protocol.addresses import worker_addresses
 from smg_trio.protocol.handshake import EngineCoreReadyResponse
@@ -325,6 +326,8 @@ class FrontendManager(WorkerManager):
                     shared_load=ranks,
                 ) as client:
                     worker.set_client(client)
+                    # beside the attach, as the manager does (never holding it)
+                    nursery.start_soon(learn_tasks, client, TASKS_TIMEOUT_S, worker.url)
                     worker.circuit.reset()
                     worker.status = "ready"
                     await client.dead_event.wait()

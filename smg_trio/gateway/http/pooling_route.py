@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from quart import Request, Response
 
+from smg_trio.connector.tasks import TASKS_TIMEOUT_S
 from smg_trio.errors import UnsupportedField, ValidationError
 from smg_trio.gateway.http.call import Gateway, RequestCall
 from smg_trio.gateway.openai.errors import EngineRequestFailed
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["TASKS_BOUND_S", "pooling_routes"]
 
 #: How long a pooling request waits for a new engine's ``get_supported_tasks`` answer.
-TASKS_BOUND_S = 10.0
+TASKS_BOUND_S = TASKS_TIMEOUT_S
 
 
 def _route(gw: Gateway, api: PoolingApi[Any]) -> Route:
