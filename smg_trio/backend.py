@@ -15,6 +15,7 @@ from smg_trio.lora import LoraAdapter, LoraRegistry
 from smg_trio.protocol.types import EngineProtocol
 from smg_trio.routing.cache_aware import RouteRequest
 from smg_trio.tokenizer.core import Tokenizer
+from smg_trio.tokenizer.pooling_info import PoolingInfo
 
 __all__ = [
     "EngineIndexStats",
@@ -46,6 +47,8 @@ class ServedModel:
     extra_eos_token_ids: list[int] = attrs.field(factory=list)
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
+    #: Classifier labels and Matryoshka dimensions from ``config.json`` (pooling models).
+    pooling: PoolingInfo = attrs.field(factory=PoolingInfo)
     created: int = attrs.field(factory=lambda: int(time.time()))
     owned_by: str = "smg_trio"
     #: Set on the copy that serves a LoRA adapter: ``model_id`` is then the adapter's name

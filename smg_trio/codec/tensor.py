@@ -20,10 +20,15 @@ _KINDS: dict[str, str] = {
     "int64": "i8",
     "f4": "f4",
     "float32": "f4",
+    "f2": "f2",
+    "float16": "f2",
+    # torch's bfloat16 (pooling outputs of bf16 models): read as its raw 16 bits, widened below.
+    "bfloat16": "u2",
 }
 
 
 def _numpy_dtype(name: Any) -> np.dtype[Any]:
+    """The numpy dtype a wire dtype name reads as (``bfloat16``: its raw ``u2`` bits)."""
     if not isinstance(name, str) or not name:
         raise DecodeError(f"tensor dtype must be a string, got {name!r}")
     order = "<"
@@ -34,7 +39,8 @@ def _numpy_dtype(name: Any) -> np.dtype[Any]:
     kind = _KINDS.get(body)
     if kind is None:
         raise DecodeError(
-            f"unsupported tensor dtype {name!r} (expected i4/i8/f4 or int32/int64/float32)"
+            f"unsupported tensor dtype {name!r} (expected i4/i8/f2/f4 or int32/int64/float16/"
+            "bfloat16/float32)"
         )
     return np.dtype(order + kind)
 
@@ -45,7 +51,8 @@ def decode_tensor(triple: Any, frames: Sequence[Any]) -> npt.NDArray[Any]:
     ``data`` is a ``memoryview`` (msgpack ext 3, inline) or an int index into ``frames``
     (frame 0 is the primary payload, so aux indices start at 1). Raises ``DecodeError`` for a
     malformed triple, an unknown dtype, a bad aux index, or a byte length that does not equal
-    ``prod(shape) * itemsize``.
+    ``prod(shape) * itemsize``. An aux frame is read in place (zero-copy, read-only) unless
+    it must be converted (big-endian, ``bfloat16`` widened to ``float32``).
     """
     if not isinstance(triple, (list, tuple)) or len(triple) != 3:
         raise DecodeError(
@@ -78,6 +85,8 @@ def decode_tensor(triple: Any, frames: Sequence[Any]) -> npt.NDArray[Any]:
             f"tensor byte length {len(memoryview(buf).cast('B'))} != {count} x {dtype.itemsize} for shape {list(shape)}"
         )
     arr = np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+    if dtype_name == "bfloat16":  # the high half of a float32: widen (one copy)
+        return (arr.astype(np.uint32) << 16).view(np.float32)
     if dtype.byteorder == ">":
         arr = arr.astype(dtype.newbyteorder("<"))
     return arr

@@ -17,6 +17,7 @@ import trio
 
 from smg_trio.connector.routing import RankRouter, SharedRankLoad, WaveClock
 from smg_trio.connector.stream import RequestStream, _Entry
+from smg_trio.connector.tasks import EngineTasks
 from smg_trio.connector.utility import UtilityCalls
 from smg_trio.errors import (
     ClientClosed,
@@ -198,6 +199,8 @@ class EngineClient:
         #: (vLLM's ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits``).
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        #: The engine's supported tasks (``get_supported_tasks``), settled by ``learn_tasks``.
+        self.tasks = EngineTasks()
 
     # -- introspection -------------------------------------------------------------------
 

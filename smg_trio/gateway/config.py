@@ -131,6 +131,10 @@ class GatewayHttpConfig:
     max_body_bytes_in_flight: int = attrs.field(
         default=DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, validator=_positive
     )
+    #: Pooling routes (embeddings, score, rerank...): most inputs (engine requests) in one
+    #: request, and most tokens over them all (docs/pooling.md).
+    max_pooling_items: int = attrs.field(default=2048, validator=_positive)
+    max_pooling_tokens: int = attrs.field(default=1_048_576, validator=_positive)
     api_key: str | None = None
     request_id_headers: tuple[str, ...] = attrs.field(
         default=DEFAULT_REQUEST_ID_HEADERS, converter=_lower

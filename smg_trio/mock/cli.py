@@ -17,6 +17,7 @@ from smg_trio.mock.engine import (
     run_until_signal,
 )
 from smg_trio.mock.kv_publisher import KvEventPublisher, parse_kv_events_config
+from smg_trio.mock.pooling import MockPooler
 from smg_trio.mock.script import MockScript, MockScriptError, load_script
 
 __all__ = ["main"]
@@ -67,6 +68,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the model directory whose tokenizer decodes prompts and encodes the script's text "
         "(with --script; default: the generated tiny model serve --backend mock serves)",
+    )
+    parser.add_argument(
+        "--runner",
+        choices=("generate", "pooling"),
+        default="generate",
+        help="vLLM's --runner: pooling serves embeddings (and, with --labels, classify) and "
+        "refuses generation (smg_trio/mock/pooling.py)",
+    )
+    parser.add_argument(
+        "--labels",
+        metavar="A,B,...",
+        default="",
+        help="with --runner pooling: the classifier head's labels (classify is then served)",
     )
     parser.add_argument(
         "--hello-after",
@@ -137,6 +151,13 @@ def _load_script_or_exit(
         parser.error(str(exc))
 
 
+def pooler_of(runner: str, labels: str) -> MockPooler | None:
+    """The mock's pooler for ``--runner``/``--labels`` (``None``: a generation model)."""
+    if runner != "pooling":
+        return None
+    return MockPooler(labels=tuple(x for x in (s.strip() for s in labels.split(",")) if x))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m smg_trio.mock.engine``: dial ``--handshake`` and serve until SIGINT or
     SIGTERM; returns the exit status (0 on a signal)."""
@@ -187,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kv_events=kv_events,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
+        pooler=pooler_of(args.runner, args.labels),
     )
     engine = MockEngine(args.handshake, config)
     log.info("mock %s engine %d dialing %s", config.protocol, config.engine_index, args.handshake)

@@ -26,6 +26,7 @@ from smg_trio.codec.msgpack import decode, encoder
 from smg_trio.codec.tensor import encode_tensor_inline
 from smg_trio.mock.kv_publisher import KvEventPublisher
 from smg_trio.mock.lora import MockLoras
+from smg_trio.mock.pooling import MockPooler
 from smg_trio.mock.prefix_cache import PrefixCache
 from smg_trio.mock.script import MockScript
 from smg_trio.mock.utility import MockUtility
@@ -92,6 +93,8 @@ class MockRequest:
     #: Prompt tokens found in the prefix cache, set when the request is prefilled (``None``
     #: before: it gets no output until then).
     cached_tokens: int | None = None
+    #: A pooling request's wire ``PoolingParams`` array (vLLM), ``None`` for generation.
+    pooling: Any = None
 
 
 def _kv_echo(req: MockRequest) -> Any:
@@ -149,6 +152,9 @@ class MockEngineConfig:
     cache_seed: int | None = None
     #: Publish KV events (vLLM's ``--kv-events-config``); ``None`` or disabled: none.
     kv_events: KVEventsConfig | None = None
+    #: A pooling model (vLLM ``--runner pooling``): pooling requests answered, generation
+    #: requests refused with ERROR; ``get_supported_tasks`` answers its tasks.
+    pooler: MockPooler | None = None
 
     @property
     def kv_block_size(self) -> int:
@@ -196,6 +202,8 @@ class MockEngine:
             on_reset_cache=self.reset_prefix_cache,
             loras=MockLoras(self.config.max_loras, self.config.max_lora_rank),
         )
+        if self.config.pooler is not None:
+            self.utility.supported_tasks = self.config.pooler.tasks
         self._abort_on_pause = False
         cfg = self.config
         events = cfg.kv_events is not None and cfg.kv_events.zmq_enabled
@@ -430,6 +438,7 @@ class MockEngine:
                 raw=r,
                 client_index=r.client_index,
                 lora=None if lr is None else (lr.lora_name, lr.lora_int_id, lr.lora_path),
+                pooling=r.pooling_params,
             )
         t = msgspec.msgpack.decode(payload, type=ts.TokenizedGenerateReqInput)
         p = t.sampling_params
@@ -564,6 +573,14 @@ class MockEngine:
                         req.error = verdict
                     results.append((req, [], "error", None))
                     continue
+                if (req.pooling is not None) != (cfg.pooler is not None):
+                    # A pooling request to a generation model, or the reverse: vLLM's
+                    # frontend refuses it; the engine core fails it.
+                    results.append((req, [], "error", None))
+                    continue
+                if req.pooling is not None:  # pooled in one step, FINAL_ONLY
+                    results.append((req, [], "stop", None))
+                    continue
                 toks, reason, stop = self._advance(req)
                 results.append((req, toks, reason, stop))
             for req, _, reason, _ in results:
@@ -656,6 +673,14 @@ class MockEngine:
                 lps[r, c] = lps[r, 0] - (c - 1) * 0.5
         return [self._tensor(ids, aux), self._tensor(lps, aux), self._tensor(ranks, aux), None]
 
+    def _pooled(self, pooler: MockPooler, req: MockRequest, aux: list[bytes]) -> list[Any]:
+        vec = pooler.pool(req.prompt_token_ids, req.pooling)
+        triple = self._tensor(vec, aux)
+        if pooler.fault == "malformed":  # one byte short of its shape
+            aux.append(vec.tobytes()[:-1])
+            triple = [vec.dtype.name, list(vec.shape), len(aux)]
+        return triple
+
     @staticmethod
     def _tensor(arr: np.ndarray[Any, Any], aux: list[bytes]) -> list[Any]:
         if arr.nbytes < _AUX_THRESHOLD_BYTES:
@@ -702,11 +727,15 @@ class MockEngine:
                 )
             if reason in ("reject", "error"):
                 finished.append(req.request_id)
+            pooled = None
+            if reason == "stop" and req.pooling is not None and self.config.pooler is not None:
+                pooled = self._pooled(self.config.pooler, req, aux)
             outs.append(
                 vllm.EngineCoreOutput(
                     request_id=req.request_id,
                     new_token_ids=toks,
                     new_logprobs=self._logprobs(req, toks, aux),
+                    pooling_output=pooled,
                     finish_reason=None if reason is None else codes[reason],
                     stop_reason=stop,
                     prefill_stats=prefill,

@@ -324,6 +324,8 @@ class TokenSpeedProtocol:
     def validate(self, request: GenerateRequest) -> None:
         """Reject top-k logprobs, prompt logprobs, ``choice`` constraints, finite ``top_k`` >= 128
         and out-of-range seeds. Raises ``UnsupportedField``/``ValidationError``."""
+        if request.pooling is not None:  # its wire has no pooling params nor pooled output
+            raise UnsupportedField("pooling", "TokenSpeed", "the engine generates only")
         s = request.sampling
         if s.logprobs is not None and s.logprobs > 0:
             raise UnsupportedField("top_logprobs", "TokenSpeed", "only the sampled token's logprob")

@@ -18,6 +18,8 @@ __all__ = [
     "Frames",
     "GenerateRequest",
     "LoraRequest",
+    "PoolingOptions",
+    "PoolingTask",
     "SamplingOptions",
     "StructuredOutputs",
     "TokenLogprobs",
@@ -26,6 +28,9 @@ __all__ = [
 
 #: Frames of one ZMQ multipart message (``bytes`` or zero-copy ``memoryview``/``zmq.Frame`` buffers).
 Frames = Sequence[Any]
+
+#: vLLM's pooling tasks (``vllm/tasks.py``), the ones this gateway sends.
+PoolingTask = Literal["embed", "classify", "token_embed", "token_classify"]
 
 #: Engine-neutral finish reasons. vLLM ``REPETITION`` maps to ``"stop"``.
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -90,6 +95,9 @@ class EngineOutput(msgspec.Struct, gc=False):
     error: EngineError | None = None
     #: vLLM's KV connector parameters for the client (prefill/decode disaggregation).
     kv_transfer_params: Any = None
+    #: A pooling request's result (vLLM ``pooling_output``): a numpy array, read in place from
+    #: its aux frame where it can be.
+    pooling: Any = None
 
 
 class UtilityReply(msgspec.Struct, frozen=True, gc=False):
@@ -188,6 +196,16 @@ class LoraRequest(msgspec.Struct, array_like=True, frozen=True):
     is_3d_lora_weight: bool = False
 
 
+class PoolingOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """A pooling request's parameters (vLLM ``PoolingParams``' API fields): the task, the
+    Matryoshka ``dimensions`` and whether the pooler's activation runs (``None``: its
+    default)."""
+
+    task: PoolingTask
+    dimensions: int | None = None
+    use_activation: bool | None = None
+
+
 class GenerateRequest(msgspec.Struct, kw_only=True):
     """One single-sample generate request (n>1 is fanned out before this point).
 
@@ -214,6 +232,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     #: prefix): the connector takes it unless ``data_parallel_rank`` pins one or that rank is
     #: down. Gateway-side only, never sent to the engine.
     rank_hint: int | None = None
+    #: Set for a pooling request (embeddings, classification, scores): the engine pools the
+    #: prompt instead of sampling (``sampling`` is then not sent).
+    pooling: PoolingOptions | None = None
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
@@ -234,6 +255,8 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     seed_max: int
     #: The request can name a LoRA adapter (vLLM's ``lora_request``).
     lora_adapters: bool = False
+    #: Whether the wire carries pooling requests (embeddings, classify, score, rerank).
+    pooling: bool = False
 
 
 class EngineProtocol(Protocol):

@@ -22,6 +22,7 @@ import msgspec
 from smg_trio.codec.msgpack import decode, encoder
 from smg_trio.codec.tensor import decode_tensor
 from smg_trio.errors import DecodeError, UnsupportedField, ValidationError
+from smg_trio.protocol.pooling import PoolingParams, decode_pooling_output
 from smg_trio.protocol.types import (
     Capabilities,
     EngineBatch,
@@ -251,6 +252,12 @@ def _output(o: EngineCoreOutput, frames: Frames) -> EngineOutput:
         out.logprobs = resolve_logprobs(o.new_logprobs, frames)
     if o.new_prompt_logprobs_tensors is not None:
         out.prompt_logprobs = resolve_logprobs(o.new_prompt_logprobs_tensors, frames)
+    if o.pooling_output is not None:
+        try:
+            out.pooling = decode_pooling_output(o.pooling_output, frames)
+        except DecodeError as exc:  # this request's fault, not the batch's: fail it alone
+            out.finish_reason = "error"
+            out.error = EngineError("invalid_pooling_output", f"the engine's pooling output: {exc}")
     ps = o.prefill_stats
     if ps is not None:
         out.prompt_tokens = ps.num_prompt_tokens
@@ -391,6 +398,7 @@ class VllmProtocol:
         seed_min=-(2**63),  # vLLM 0.32 takes any int64 seed
         seed_max=2**63 - 1,
         lora_adapters=True,
+        pooling=True,
     )
 
     def __init__(self, client_index: int = 0) -> None:
@@ -418,11 +426,14 @@ class VllmProtocol:
                 raise ValidationError(f"{name} must be finite", param=name)
 
     def encode_add(self, request: GenerateRequest) -> list[bytes]:
-        """``[ADD, EngineCoreRequest]``. ``data_parallel_rank`` is carried as given."""
+        """``[ADD, EngineCoreRequest]``. ``data_parallel_rank`` is carried as given. A pooling
+        request carries ``pooling_params`` and no ``sampling_params``."""
+        pooling = request.pooling
         wire = EngineCoreRequest(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
-            sampling_params=build_sampling_params(request),
+            sampling_params=None if pooling is not None else build_sampling_params(request),
+            pooling_params=None if pooling is None else PoolingParams.of(pooling),
             arrival_time=request.arrival_time,
             data_parallel_rank=request.data_parallel_rank,
             client_index=self.client_index,

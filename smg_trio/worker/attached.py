@@ -15,6 +15,7 @@ import trio
 
 from smg_trio.backend import ServedModel, WorkerLease
 from smg_trio.connector.client import attach_engine_client
+from smg_trio.connector.tasks import TASKS_TIMEOUT_S, learn_tasks
 from smg_trio.errors import EngineError, SmgError
 from smg_trio.protocol.addresses import worker_addresses
 from smg_trio.protocol.handshake import EngineCoreReadyResponse
@@ -212,7 +213,7 @@ class FrontendManager(WorkerManager):
     async def _load(self, worker: AttachedWorker) -> None:
         if worker.model_id in self.models:
             return
-        tok, (eos, extra), max_len = await trio.to_thread.run_sync(
+        tok, (eos, extra), max_len, pooling = await trio.to_thread.run_sync(
             _load_model,
             worker.spec.model_path,
             self.confinement.model_dirs,
@@ -228,6 +229,7 @@ class FrontendManager(WorkerManager):
                 eos_token_id=eos,
                 extra_eos_token_ids=list(extra),
                 reasoning_parser=worker.spec.reasoning_parser,
+                pooling=pooling,
             )
 
     async def _attach_loop(self, worker: AttachedWorker) -> None:
@@ -336,6 +338,8 @@ class FrontendManager(WorkerManager):
                     shared_load=ranks,
                 ) as client:
                     worker.set_client(client)
+                    # beside the attach, as the manager does (never holding it)
+                    nursery.start_soon(learn_tasks, client, TASKS_TIMEOUT_S, worker.url)
                     worker.circuit.reset()
                     worker.status = "ready"
                     await client.dead_event.wait()

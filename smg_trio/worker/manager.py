@@ -25,6 +25,7 @@ from smg_trio.connector.client import (
     EngineClient,
     open_engine_client,
 )
+from smg_trio.connector.tasks import learn_tasks
 from smg_trio.errors import ConflictError, EngineError, SmgError, ValidationError
 from smg_trio.lora import LoraRegistry
 from smg_trio.parsers.reasoning import get_reasoning_format
@@ -38,6 +39,7 @@ from smg_trio.tokenizer.core import Tokenizer, load_model_json
 from smg_trio.tokenizer.eos import resolve_eos
 from smg_trio.tokenizer.hub import HubModelError, is_hub_id, is_revision, resolve_hub_model
 from smg_trio.tokenizer.modeldir import ModelDir
+from smg_trio.tokenizer.pooling_info import PoolingInfo, read_pooling_info
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.tcp import TcpOptions, is_wildcard_host
 from smg_trio.transport.topology import HandshakeSocket, bind_handshake_socket
@@ -345,13 +347,14 @@ def _load_model(
     roots: Sequence[str],
     chat_template: str | None = None,
     content_format: str = "auto",
-) -> tuple[Tokenizer, tuple[int | None, list[int]], int | None]:
-    """Tokenizer, EOS ids and ``max_position_embeddings`` of a spec's model directory, every
-    file read confined to ``roots`` (blocking I/O: run it in a thread); ``chat_template``
-    (``--chat-template``'s source) replaces the model's templates."""
+) -> tuple[Tokenizer, tuple[int | None, list[int]], int | None, PoolingInfo]:
+    """Tokenizer, EOS ids, ``max_position_embeddings`` and pooling info of a spec's model
+    directory, every file read confined to ``roots`` (blocking I/O: run it in a thread);
+    ``chat_template`` (``--chat-template``'s source) replaces the model's templates."""
     model_dir = _open_model_dir(path, roots)
     tok = Tokenizer.from_dir(model_dir, chat_template=chat_template, content_format=content_format)
-    return tok, resolve_eos(model_dir, tok), _config_max_len(model_dir)
+    info = read_pooling_info(model_dir)
+    return tok, resolve_eos(model_dir, tok), _config_max_len(model_dir), info
 
 
 def _check_model_files(path: str | None, roots: Sequence[str]) -> None:
@@ -736,7 +739,7 @@ class WorkerManager:
                 self.models.setdefault(worker.model_id, served)
                 return
             # Abandoned on timeout: a wedged filesystem read cannot hold the registration.
-            tok, (eos, extra), max_len = await trio.to_thread.run_sync(
+            tok, (eos, extra), max_len, pooling = await trio.to_thread.run_sync(
                 _load_model,
                 worker.spec.model_path,
                 self.confinement.model_dirs,
@@ -755,6 +758,7 @@ class WorkerManager:
                     extra_eos_token_ids=list(extra),
                     reasoning_parser=worker.spec.reasoning_parser,
                     tool_call_parser=worker.spec.tool_call_parser,
+                    pooling=pooling,
                 )
 
         async def bind_handshake(ctx: WorkflowContext) -> None:
@@ -953,15 +957,23 @@ class WorkerManager:
         connected = False
         while True:
             try:
-                async with open_engine_client(
-                    protocol,
-                    worker.addresses,
-                    engine_count=worker.spec.dp_size,
-                    ready_timeout_s=self.ready_timeout_s,
-                    silence_timeout_s=self.silence_timeout_s,
-                    handshake=handshake,
-                    tcp=self.tcp if worker.addresses.is_tcp else None,
-                ) as client:
+                async with (
+                    open_engine_client(
+                        protocol,
+                        worker.addresses,
+                        engine_count=worker.spec.dp_size,
+                        ready_timeout_s=self.ready_timeout_s,
+                        silence_timeout_s=self.silence_timeout_s,
+                        handshake=handshake,
+                        tcp=self.tcp if worker.addresses.is_tcp else None,
+                    ) as client,
+                    trio.open_nursery() as side,
+                ):
+                    # Learnt beside the registration, never holding it: an engine that does
+                    # not answer utility calls is taken as generate-only after the bound.
+                    side.start_soon(
+                        learn_tasks, client, self.timing.tasks_timeout_s, worker.spec.url
+                    )
                     worker.set_client(client)
                     worker.last_error = None
                     # A fresh handshake proves the engine healthy: failures of the dead
@@ -974,6 +986,7 @@ class WorkerManager:
                         connected = True
                         task_status.started()
                     await client.dead_event.wait()
+                    side.cancel_scope.cancel()
                     worker.last_error = str(client.dead_reason)
             except (EngineError, OSError) as exc:
                 if not connected:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from smg_trio.connector.tasks import TASKS_TIMEOUT_S
 from smg_trio.errors import (
     EngineError,
     HandshakeError,
@@ -49,6 +50,9 @@ class RegistrationTiming:
     step_timeout_s: float = 10.0
     #: The failure step: closing the sockets and forgetting the worker.
     cleanup_timeout_s: float = 10.0
+    #: The bound on the engine's ``get_supported_tasks`` answer (asked beside the
+    #: registration, not in it); unanswered, the engine is taken as generate-only.
+    tasks_timeout_s: float = TASKS_TIMEOUT_S
 
 
 def tokenizer_retryable(exc: Exception) -> bool:

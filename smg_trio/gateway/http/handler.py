@@ -12,6 +12,7 @@ from smg_trio.gateway.http.sse import sse_response, sse_whole
 from smg_trio.gateway.openai.api import B, InferenceApi
 from smg_trio.gateway.openai.fanout import run_all
 from smg_trio.gateway.openai.framing import stream_done
+from smg_trio.gateway.openai.pooling import check_generates
 from smg_trio.gateway.openai.responses import ResponsesJob
 from smg_trio.gateway.openai.textgen import ChoiceCollector
 from smg_trio.gateway.openai.translate import check_data_parallel_rank
@@ -41,6 +42,7 @@ async def handle(api: InferenceApi[B], call: RequestCall) -> Response:
             renderer = job.renderer()
             return sse_whole(call, renderer.start() + renderer.end() + stream_done(renderer))
         client = (await call.lease(served.engine_model_id, call.route_of(body))).client
+        check_generates(client, served.model_id)  # a pooling-only engine: 400
         check_data_parallel_rank(job.data_parallel_rank, client.ranks)
         if isinstance(job, ResponsesJob) and job.background is not None:
             response = await start_background(call, client, served.model_id, job)

@@ -17,6 +17,7 @@ from smg_trio.gateway.openai.messages_schemas import (
     CountTokensResponse,
     MessagesRequest,
 )
+from smg_trio.gateway.openai.pooling_apis import POOLING_APIS
 from smg_trio.gateway.openai.responses_schemas import (
     ResponseDeleted,
     ResponseObject,
@@ -247,6 +248,20 @@ OPERATIONS: tuple[Operation, ...] = (
         "openai",
         response=ModelCard,
         errors=("401", "404"),
+    ),
+    *(
+        Operation(
+            "post",
+            r.path,
+            r.operation_id,
+            r.summary,
+            "api",
+            "vllm",
+            request=r.api.body_type,
+            response=r.response,
+            errors=_INFERENCE_ERRORS,
+        )
+        for r in POOLING_APIS
     ),
     Operation(
         "get",

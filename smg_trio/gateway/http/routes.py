@@ -10,6 +10,7 @@ from quart import Request, Response
 
 from smg_trio.gateway.http.call import Gateway, RequestCall
 from smg_trio.gateway.http.handler import handle
+from smg_trio.gateway.http.pooling_route import pooling_routes
 from smg_trio.gateway.http.utility import utility_route
 from smg_trio.gateway.openai.api import InferenceApi
 from smg_trio.gateway.openai.chat import CHAT
@@ -97,6 +98,7 @@ def inference_routes(
     routes["/v1/responses"] = _route(gw, ResponsesApi(gw.responses, background))
     routes["/invocations"] = _route(gw, INVOCATIONS)  # vLLM's SageMaker route
     routes["/v1/chat/completions/batch"] = _route(gw, CHAT_BATCH)  # vLLM 0.32's
+    routes.update(pooling_routes(gw))  # embeddings, classify, score, rerank (docs/pooling.md)
     tok = utility_route(gw, "tokenize", TokenizeRequest, tokenize)
     detok = utility_route(gw, "detokenize", DetokenizeRequest, detokenize)
     routes.update({"/tokenize": tok, "/v1/tokenize": tok})

@@ -79,6 +79,11 @@ def render_capabilities(caps: Sequence[Capabilities]) -> str:
         ),
         _row("`seed` range", caps, lambda c: f"[{c.seed_min}, {c.seed_max}]"),
         _row("`model` naming a LoRA adapter", caps, lambda c: _yes(c.lora_adapters)),
+        _row(
+            "pooling: `/v1/embeddings`, `/v2/embed`, `/pooling`, `/classify`, `/score`, `/rerank` ([pooling.md](pooling.md))",
+            caps,
+            lambda c: _yes(c.pooling),
+        ),
     ]
     for kind in kinds:
         lines.append(

@@ -1,0 +1,197 @@
+"""``/classify`` (labels from the model's ``config.json``) and ``/pooling`` (the raw pooled
+output) in vLLM 0.32's shapes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+import numpy as np
+
+from smg_trio.backend import ServedModel
+from smg_trio.errors import ValidationError
+from smg_trio.gateway.openai.embeddings import check_dimensions
+from smg_trio.gateway.openai.pooling import (
+    PoolingLimits,
+    PoolingPlan,
+    Vector,
+    encode_vector,
+    tokenize_items,
+)
+from smg_trio.gateway.openai.schemas import Usage
+from smg_trio.protocol.types import PoolingOptions
+
+__all__ = [
+    "CLASSIFY",
+    "POOLING",
+    "ClassificationResponse",
+    "ClassifyRequest",
+    "PoolingRequest",
+    "PoolingResponse",
+]
+
+
+class ClassifyRequest(msgspec.Struct, kw_only=True):
+    """vLLM's ``ClassificationCompletionRequest``."""
+
+    input: Any
+    model: str | None = None
+    user: str | None = None
+    truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    add_special_tokens: bool = True
+    use_activation: bool | None = None
+    priority: int = 0
+
+
+class ClassificationData(msgspec.Struct):
+    """One input's class probabilities and its most likely label."""
+
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(msgspec.Struct, kw_only=True):
+    """vLLM's ``ClassificationResponse``."""
+
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[ClassificationData]
+    usage: Usage
+
+
+class ClassifyApi:
+    """``/classify``."""
+
+    name = "classify"
+    id_prefix = "classify-"
+    body_type = ClassifyRequest
+
+    def plan(
+        self, body: ClassifyRequest, served: ServedModel, limits: PoolingLimits
+    ) -> PoolingPlan:
+        items = tokenize_items(
+            body.input,
+            served.tokenizer,
+            limits,
+            param="input",
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
+            truncation_side=body.truncation_side or "right",
+            add_special_tokens=body.add_special_tokens,
+        )
+        tokens = sum(len(i) for i in items)
+        info = served.pooling
+
+        def render(vectors: list[Vector], response_id: str, created: int) -> ClassificationResponse:
+            data = []
+            for i, v in enumerate(vectors):
+                probs: list[float] = np.asarray(v, dtype=np.float64).reshape(-1).tolist()
+                label = info.label(int(np.argmax(v))) if probs else None
+                data.append(ClassificationData(i, label, probs, len(probs)))
+            return ClassificationResponse(
+                id=response_id,
+                created=created,
+                model=served.model_id,
+                data=data,
+                usage=Usage(tokens, 0, tokens),
+            )
+
+        options = PoolingOptions(task="classify", use_activation=body.use_activation)
+        return PoolingPlan(items, options, render, body.priority)
+
+
+CLASSIFY = ClassifyApi()
+
+
+class PoolingRequest(msgspec.Struct, kw_only=True):
+    """vLLM's ``PoolingCompletionRequest`` (``task``: ``embed`` unless given)."""
+
+    input: Any
+    model: str | None = None
+    task: Literal["embed", "classify", "token_embed", "token_classify"] | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    add_special_tokens: bool = True
+    use_activation: bool | None = None
+    priority: int = 0
+
+
+class PoolingData(msgspec.Struct):
+    """One input's pooled output: nested lists (its shape) or base64 of float32 bytes."""
+
+    index: int
+    object: str
+    data: Any
+
+
+class PoolingResponse(msgspec.Struct, kw_only=True):
+    """vLLM's ``PoolingResponse``."""
+
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[PoolingData]
+    usage: Usage
+
+
+class PoolingRawApi:
+    """``/pooling``."""
+
+    name = "pooling"
+    id_prefix = "pool-"
+    body_type = PoolingRequest
+
+    def plan(self, body: PoolingRequest, served: ServedModel, limits: PoolingLimits) -> PoolingPlan:
+        task = body.task or "embed"
+        if body.dimensions is not None and task not in ("embed", "token_embed"):
+            raise ValidationError(
+                f"dimensions is not a parameter of the {task!r} task",
+                param="dimensions",
+                code="invalid_value",
+            )
+        check_dimensions(body.dimensions, served, "dimensions")
+        items = tokenize_items(
+            body.input,
+            served.tokenizer,
+            limits,
+            param="input",
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
+            truncation_side=body.truncation_side or "right",
+            add_special_tokens=body.add_special_tokens,
+        )
+        tokens = sum(len(i) for i in items)
+        fmt = body.encoding_format
+
+        def render(vectors: list[Vector], response_id: str, created: int) -> PoolingResponse:
+            data = [
+                PoolingData(
+                    i,
+                    "pooling",
+                    encode_vector(v, "base64")
+                    if fmt == "base64"
+                    else np.asarray(v, dtype=np.float64).tolist(),
+                )
+                for i, v in enumerate(vectors)
+            ]
+            return PoolingResponse(
+                id=response_id,
+                created=created,
+                model=served.model_id,
+                data=data,
+                usage=Usage(tokens, 0, tokens),
+            )
+
+        options = PoolingOptions(
+            task=task, dimensions=body.dimensions, use_activation=body.use_activation
+        )
+        return PoolingPlan(items, options, render, body.priority)
+
+
+POOLING = PoolingRawApi()

@@ -1,0 +1,263 @@
+"""``/score`` and ``/v1/score``, ``/rerank``, ``/v1/rerank`` and ``/v2/rerank`` (Jina's and
+Cohere's shape, as vLLM serves them) for bi-encoders: every text embedded (one engine request
+each), scores the cosine similarity of each pair's embeddings, as vLLM does for ``embed``
+models. Cross-encoders (``classify`` models scoring a text pair) are not served yet: the
+task check answers 400."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+import msgspec
+import numpy as np
+
+from smg_trio.backend import ServedModel
+from smg_trio.errors import ValidationError
+from smg_trio.gateway.openai.pooling import (
+    PoolingLimits,
+    PoolingPlan,
+    Vector,
+    check_count,
+    tokenize_items,
+)
+from smg_trio.gateway.openai.schemas import Usage
+from smg_trio.protocol.types import PoolingOptions
+
+__all__ = [
+    "RERANK",
+    "RERANK_V2",
+    "SCORE",
+    "RerankRequest",
+    "RerankResponse",
+    "ScoreRequest",
+    "ScoreResponse",
+    "cosine",
+]
+
+
+def cosine(a: Vector, b: Vector) -> float:
+    """Cosine similarity (0 for a zero vector)."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
+    return float(np.dot(x, y) / norm) if norm else 0.0
+
+
+def _texts(raw: Any, param: str) -> list[str]:
+    if isinstance(raw, str):
+        return [raw]
+    if isinstance(raw, list) and all(isinstance(t, str) for t in raw):
+        return list(raw)
+    raise ValidationError(
+        f"'{param}' must be a string or a list of strings (text inputs only)",
+        param=param,
+        code="invalid_value",
+    )
+
+
+def _embed_both(
+    first: list[str],
+    second: list[str],
+    names: tuple[str, str],
+    served: ServedModel,
+    limits: PoolingLimits,
+    truncate: int | None,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of both sides, the item and token limits counted over both."""
+    check_count(len(first), limits, names[0])
+    check_count(len(second), limits, names[1])
+    check_count(len(first) + len(second), limits, names[1])
+    a = tokenize_items(
+        first, served.tokenizer, limits, param=names[0], truncate_prompt_tokens=truncate
+    )
+    used = sum(len(i) for i in a)
+    rest = attrs.evolve(limits, max_tokens=max(limits.max_tokens - used, 1))
+    b = tokenize_items(
+        second, served.tokenizer, rest, param=names[1], truncate_prompt_tokens=truncate
+    )
+    return a, b
+
+
+class ScoreRequest(msgspec.Struct, kw_only=True):
+    """vLLM's score requests: one pair of ``text_1``/``text_2``, ``data_1``/``data_2``,
+    ``queries``/``documents`` or ``queries``/``items``."""
+
+    model: str | None = None
+    text_1: Any = None
+    text_2: Any = None
+    data_1: Any = None
+    data_2: Any = None
+    queries: Any = None
+    documents: Any = None
+    items: Any = None
+    truncate_prompt_tokens: int | None = None
+    use_activation: bool | None = None
+    priority: int = 0
+
+    def pair(self) -> tuple[tuple[str, Any], tuple[str, Any]]:
+        """The one pair of sides given, with their field names."""
+        for a, b in (
+            ("text_1", "text_2"),
+            ("data_1", "data_2"),
+            ("queries", "documents"),
+            ("queries", "items"),
+        ):
+            first, second = getattr(self, a), getattr(self, b)
+            if first is not None and second is not None:
+                return (a, first), (b, second)
+        raise ValidationError(
+            "give text_1 and text_2 (or data_1/data_2, queries/documents, queries/items)",
+            param="text_1",
+            code="missing_required_parameter",
+        )
+
+
+class ScoreData(msgspec.Struct):
+    """One pair's score."""
+
+    index: int
+    object: str
+    score: float
+
+
+class ScoreResponse(msgspec.Struct, kw_only=True):
+    """vLLM's ``ScoreResponse``."""
+
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: Usage
+
+
+class ScoreApi:
+    """``/score`` and ``/v1/score``: one side's single text against each of the other's, or
+    the two sides pairwise (same length)."""
+
+    name = "score"
+    id_prefix = "score-"
+    body_type = ScoreRequest
+
+    def plan(self, body: ScoreRequest, served: ServedModel, limits: PoolingLimits) -> PoolingPlan:
+        (n1, raw1), (n2, raw2) = body.pair()
+        t1, t2 = _texts(raw1, n1), _texts(raw2, n2)
+        if len(t1) != 1 and len(t1) != len(t2):
+            raise ValidationError(
+                f"{n1} has {len(t1)} inputs and {n2} {len(t2)}: give one, or as many as {n2}",
+                param=n1,
+                code="invalid_value",
+            )
+        a, b = _embed_both(t1, t2, (n1, n2), served, limits, body.truncate_prompt_tokens)
+        tokens = sum(len(i) for i in a) + sum(len(i) for i in b)
+        split = len(a)
+
+        def render(vectors: list[Vector], response_id: str, created: int) -> ScoreResponse:
+            left, right = vectors[:split], vectors[split:]
+            data = [
+                ScoreData(i, "score", cosine(left[0 if split == 1 else i], r))
+                for i, r in enumerate(right)
+            ]
+            return ScoreResponse(
+                id=response_id,
+                created=created,
+                model=served.model_id,
+                data=data,
+                usage=Usage(tokens, 0, tokens),
+            )
+
+        options = PoolingOptions(task="embed", use_activation=body.use_activation)
+        return PoolingPlan(a + b, options, render, body.priority)
+
+
+SCORE = ScoreApi()
+
+
+class RerankRequest(msgspec.Struct, kw_only=True):
+    """vLLM's ``RerankRequest`` (Jina and Cohere): ``top_n`` 0 returns every document;
+    ``return_documents`` (Cohere's field; vLLM always returns them) false leaves them out."""
+
+    query: Any
+    documents: Any
+    model: str | None = None
+    top_n: int = 0
+    return_documents: bool = True
+    truncate_prompt_tokens: int | None = None
+    use_activation: bool | None = None
+    priority: int = 0
+
+
+class RerankDocument(msgspec.Struct, omit_defaults=True):
+    """The document's text."""
+
+    text: str | None = None
+
+
+class RerankResult(msgspec.Struct, omit_defaults=True):
+    """One document's place: its index in the request and its relevance score."""
+
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankUsage(msgspec.Struct):
+    """Rerank's usage (no completion tokens)."""
+
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankResponse(msgspec.Struct, kw_only=True):
+    """vLLM's ``RerankResponse``: results by descending relevance."""
+
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
+
+
+@attrs.frozen
+class RerankApi:
+    """``/rerank``, ``/v1/rerank`` (Jina) and ``/v2/rerank`` (Cohere): one shape."""
+
+    name: Literal["rerank", "rerank_v2"] = "rerank"
+    id_prefix: str = "rerank-"
+    body_type: type[RerankRequest] = RerankRequest
+
+    def plan(self, body: RerankRequest, served: ServedModel, limits: PoolingLimits) -> PoolingPlan:
+        if not isinstance(body.query, str) or not body.query:
+            raise ValidationError(
+                "'query' must be a non-empty string", param="query", code="invalid_value"
+            )
+        if body.top_n < 0:
+            raise ValidationError("top_n must be >= 0", param="top_n", code="invalid_value")
+        docs = _texts(body.documents, "documents")
+        a, b = _embed_both(
+            [body.query], docs, ("query", "documents"), served, limits, body.truncate_prompt_tokens
+        )
+        tokens = sum(len(i) for i in a) + sum(len(i) for i in b)
+        top_n, keep = body.top_n, body.return_documents
+
+        def render(vectors: list[Vector], response_id: str, created: int) -> RerankResponse:
+            query = vectors[0]
+            results = [
+                RerankResult(i, cosine(query, v), RerankDocument(docs[i]) if keep else None)
+                for i, v in enumerate(vectors[1:])
+            ]
+            results.sort(key=lambda r: r.relevance_score, reverse=True)
+            if top_n:
+                results = results[:top_n]
+            return RerankResponse(
+                id=response_id,
+                model=served.model_id,
+                usage=RerankUsage(tokens, tokens),
+                results=results,
+            )
+
+        options = PoolingOptions(task="embed", use_activation=body.use_activation)
+        return PoolingPlan(a + b, options, render, body.priority)
+
+
+RERANK = RerankApi()
+RERANK_V2 = RerankApi(name="rerank_v2")
