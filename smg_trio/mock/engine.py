@@ -47,6 +47,9 @@ __all__ = [
     "run_until_signal",
 ]
 
+#: Requests a mock engine remembers for tests (:attr:`MockEngine.requests`), at least.
+KEEP_REQUESTS = 4096
+
 log = logging.getLogger(__name__)
 
 ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
@@ -174,6 +177,8 @@ class MockEngine:
     def __init__(self, handshake_address: str, config: MockEngineConfig | None = None) -> None:
         self.handshake_address = handshake_address
         self.config = config or MockEngineConfig()
+        #: The requests seen, newest last: at least the last :data:`KEEP_REQUESTS` (older ones
+        #: are dropped in batches, so a long-running mock's memory stays flat).
         self.requests: list[MockRequest] = []
         self.aborts: list[str] = []
         self.waves: list[tuple[int, int | None]] = []
@@ -460,6 +465,8 @@ class MockEngine:
     def _admit(self, req: MockRequest) -> None:
         log.debug("mock: add %s (client %d)", req.request_id, req.client_index)
         self.requests.append(req)
+        if len(self.requests) > 2 * KEEP_REQUESTS:
+            del self.requests[:-KEEP_REQUESTS]
         req.arrival_step = self._step
         if req.lora is not None:
             try:

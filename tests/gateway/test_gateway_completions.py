@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import trio
 
+from smg_trio.mock import engine as mock_engine
 from smg_trio.mock.engine import MockRequest
 from tests.helpers.gateway import DEADLINE_S, HarnessFactory, steps_of
 
@@ -237,3 +238,22 @@ async def test_b05_all_n_choices_arrive(harness: HarnessFactory, tok: Any, strea
                     )
                     assert texts[i] == "t" * lengths[rid]
                     assert finishes[i] == ("length" if lengths[rid] == 8 else "stop")
+
+
+async def test_a_long_running_mock_keeps_only_its_last_requests(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MockEngine.requests`` is for tests: a mock serving for hours (``serve --backend
+    mock``, the benchmarks) keeps at least the last ``KEEP_REQUESTS`` and drops older ones in
+    batches, so its memory stays flat (it grew by every request before)."""
+    monkeypatch.setattr(mock_engine, "KEEP_REQUESTS", 3)
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            for i in range(10):
+                r = await h.complete(prompt=f"request {i}", max_tokens=1)
+                assert r.status_code == 200, r.text
+                assert 3 <= len(h.engine.requests) <= 6 or i < 3
+            assert len(h.engine.requests) <= 6
+            last = h.engine.requests[-1].prompt_token_ids
+            assert h.engine.requests[-1].request_id != h.engine.requests[0].request_id
+            assert len(last) > 0
