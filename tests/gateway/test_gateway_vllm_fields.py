@@ -273,3 +273,27 @@ async def test_the_engines_structured_backend_is_asked_for(
             assert sent == {"regex": "a+", "_backend": "xgrammar"}
             bad = await h.chat(max_tokens=2, structured_outputs={"regex": "a(b"})
             assert bad.status_code == 400  # still checked before the engine
+
+
+def test_a_repeated_schema_is_validated_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llguidance's validation of a large schema costs seconds of CPU: a schema seen before
+    (clients repeat theirs) is answered from the bounded cache, valid or not."""
+    from smg_trio.gateway.openai import grammar_check
+    from smg_trio.protocol.types import StructuredOutputs
+
+    calls: list[str] = []
+    real = grammar_check.llguidance.LLMatcher.validate_grammar
+
+    def counting(grammar: str) -> Any:
+        calls.append(grammar)
+        return real(grammar)
+
+    monkeypatch.setattr(grammar_check.llguidance.LLMatcher, "validate_grammar", counting)
+    monkeypatch.setattr(grammar_check, "_validated", grammar_check.OrderedDict())
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    for _ in range(3):
+        grammar_check.check_grammar(StructuredOutputs(json=schema), "response_format")
+    for _ in range(2):
+        with pytest.raises(grammar_check.ValidationError):
+            grammar_check.check_grammar(StructuredOutputs(regex="(unclosed"), "regex")
+    assert len(calls) == 2
