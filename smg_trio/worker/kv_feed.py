@@ -44,7 +44,7 @@ from smg_trio.protocol.kv_events import (
 from smg_trio.routing.cache_aware import CacheAwareRouter
 from smg_trio.routing.index import EngineKey, KvIndex
 from smg_trio.transport.kv_events import open_kv_replay, open_kv_subscriber
-from smg_trio.transport.tcp import is_wildcard_host
+from smg_trio.transport.tcp import TcpOptions, is_wildcard_host
 from smg_trio.worker.confine import WorkerConfinement, escape
 from smg_trio.worker.registry import Worker
 
@@ -291,13 +291,17 @@ async def run_engine_feed(
     *,
     on_change: Callable[[], None] = lambda: None,
     warn: Callable[[str, str], None] = lambda kind, text: None,
+    peers: TcpOptions | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Subscribe to one engine publisher and feed ``index`` until cancelled. Reports
-    (``nursery.start``) the endpoint once subscribed. Raises ``EngineError`` when the socket
-    cannot be connected or bound."""
+    (``nursery.start``) the endpoint once subscribed. A tcp endpoint it binds admits only
+    the publishers ``peers`` allow (the engines' hosts and uids). Raises ``EngineError`` when
+    the socket cannot be connected or bound."""
     feed = _EngineFeed(engine, target, index, stats, on_change, warn)
-    async with open_kv_subscriber(target.endpoint, target.topic, bind=target.bind) as sub:
+    async with open_kv_subscriber(
+        target.endpoint, target.topic, bind=target.bind, peers=peers
+    ) as sub:
         task_status.started(sub.endpoint)
         while True:
             frames: list[bytes] | None = await sub.receive()
@@ -331,10 +335,13 @@ class KvFeed:
         confinement: WorkerConfinement,
         *,
         can_bind: bool,
+        tcp: TcpOptions | None = None,
     ) -> None:
         self.router = router
         self.confinement = confinement
         self.can_bind = can_bind
+        #: Who may publish to an endpoint this process binds (the tcp engines' peer rules).
+        self.tcp = tcp or TcpOptions(allowed_hosts=confinement.engine_hosts)
         #: Per engine publisher (dropped with the engine).
         self.stats: dict[EngineKey, EngineFeedStats] = {}
         self._changed = trio.Event()
@@ -437,6 +444,7 @@ class KvFeed:
                 stats,
                 on_change=self._touch,
                 warn=lambda kind, text: self._warn_once(worker, kind, text),
+                peers=self.tcp,
                 task_status=task_status,
             )
         except (SmgError, OSError, trio.ClosedResourceError) as exc:

@@ -5,6 +5,7 @@ where it may subscribe at all."""
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -14,6 +15,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import zmq
 
 from smg_trio.protocol.kv_events import (
     AllBlocksCleared,
@@ -26,6 +28,7 @@ from smg_trio.protocol.kv_events import (
 from smg_trio.routing.blocks import block_keys
 from smg_trio.routing.cache_aware import CacheAwareRouter
 from smg_trio.routing.index import KvIndex
+from smg_trio.transport.tcp import TcpOptions
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.kv_feed import (
     BURST,
@@ -35,6 +38,7 @@ from smg_trio.worker.kv_feed import (
     plan_subscription,
     run_engine_feed,
 )
+from tests.helpers.claimant import claimant
 from tests.helpers.kv_publisher import KvPublisher, kv_publisher, stored
 
 BS = 4
@@ -413,3 +417,38 @@ async def test_a_worker_whose_endpoint_is_refused_falls_back(sockdir: str) -> No
                 await trio.lowlevel.checkpoint()
         assert not router.has_events(("w1", 0))
         nursery.cancel_scope.cancel()
+
+
+async def test_a_bound_endpoint_refuses_a_local_user_s_publisher() -> None:
+    """The SUB the gateway binds for an engine that dials it is on loopback, where any local
+    user could connect a PUB and feed the index made-up events (steering every prompt to one
+    engine, or a sequence number that makes the engine's real batches duplicates). It is
+    guarded as the tcp data plane is (``--allowed-engine-uids``): another uid's connection
+    never completes its handshake; the gateway's own uid still publishes."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a publisher as another uid")
+    index = KvIndex()
+    index.add_engine(ENGINE, block_size=BS)
+    feed = Feed(index, EngineFeedStats())
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            endpoint = await nursery.start(
+                lambda task_status: run_engine_feed(
+                    ENGINE,
+                    KvTarget("tcp://127.0.0.1:*", True, ""),
+                    index,
+                    feed.stats,
+                    on_change=feed.on_change,
+                    peers=TcpOptions(),
+                    task_status=task_status,
+                )
+            )
+            async with claimant(endpoint, b"", 65534, socket_type=zmq.PUB) as intruder:
+                assert await intruder.next() == "uid 65534"
+                assert await intruder.next() != "attempt handshake-succeeded"
+            async with kv_publisher(endpoint, topic="", connect=True) as pub:
+                await pub.wait_subscribed()
+                await pub.publish(stored([1], toks(1), BS))
+                await feed.until(lambda: feed.stats.batches == 1)
+            nursery.cancel_scope.cancel()
+    assert matched(index, toks(1)) == 1
