@@ -186,6 +186,17 @@ class _Epochs:
             self._n[worker.worker_id] = self._n.get(worker.worker_id, 0) + 1
 
 
+class _Flight:
+    """One read of the engines' state (``is_sleeping``, ``is_scheduler_paused``) that the
+    readers arriving while it is on its way share."""
+
+    def __init__(self, snap: dict[str, int]) -> None:
+        self.snap = snap
+        self.done = trio.Event()
+        self.answers: list[_Answer] | None = None
+        self.error: ApiError | None = None
+
+
 def _check(answers: Sequence[_Answer]) -> list[_Answer]:
     """``answers``, or raise the first engine's error."""
     for answer in answers:
@@ -264,16 +275,51 @@ def add_engine_control_routes(
     def bound() -> float:
         return CONTROL_CALL_TIMEOUT_S if bound_s is None else bound_s
 
+    flights: dict[tuple[str, tuple[str, ...]], _Flight] = {}
+
+    async def shared_read(
+        method: str, workers: list[WorkerState]
+    ) -> tuple[list[_Answer], dict[str, int]]:
+        """``method()`` on ``workers``' engines, shared with the readers of the same state
+        whose call is on its way (the read routes are open without an admin key: a flood of
+        them makes one call per engine at a time, not one per reader). A reader whose shared
+        call was abandoned (its first reader went away) makes it again."""
+        key = (method, tuple(w.worker_id for w in workers))
+        while True:
+            flight = flights.get(key)
+            if flight is None:
+                break
+            await flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            if flight.answers is not None:
+                return flight.answers, flight.snap
+        flight = flights[key] = _Flight(epochs.snapshot(workers))
+        try:
+            flight.answers = await call_engines(workers, method, (), bound())
+        except ApiError as exc:
+            flight.error = exc
+            raise
+        finally:
+            del flights[key]
+            flight.done.set()
+        return flight.answers, flight.snap
+
     async def run(
         method: str,
         args: Sequence[Any],
         respond: Callable[[list[_Answer], dict[str, int]], dict[str, Any]],
+        *,
+        read: bool = False,
     ) -> Response:
         try:
             workers = _targets(manager)
-            snap = epochs.snapshot(workers)
-            answers = _check(await call_engines(workers, method, args, bound()))
-            return _json(respond(answers, snap))
+            if read:
+                answers, snap = await shared_read(method, workers)
+            else:
+                snap = epochs.snapshot(workers)
+                answers = await call_engines(workers, method, args, bound())
+            return _json(respond(_check(answers), snap))
         except ApiError as exc:
             return _error(exc)
 
@@ -337,7 +383,7 @@ def add_engine_control_routes(
                 "engines": _per_engine(answers, "is_sleeping"),
             }
 
-        return await run("is_sleeping", (), respond)
+        return await run("is_sleeping", (), respond, read=True)
 
     @bp.post("/pause")
     async def pause() -> Response:
@@ -372,7 +418,7 @@ def add_engine_control_routes(
                 "engines": _per_engine(answers, "is_paused"),
             }
 
-        return await run("is_scheduler_paused", (), respond)
+        return await run("is_scheduler_paused", (), respond, read=True)
 
     @bp.get("/server_info")
     async def server_info() -> Response:

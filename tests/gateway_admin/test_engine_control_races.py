@@ -1,4 +1,4 @@
-"""Engine control races: an answer that comes back after another control call changed the
+"""Engine control races and floods: an answer that comes back after another control call changed the
 worker's held state must not undo it (a read-back of the engines' state, or a wake-up or resume
 overtaken by a sleep or pause, released a worker whose engine was then paused or asleep)."""
 
@@ -30,8 +30,10 @@ class _Client:
         self.gate = trio.Event()
         self.paused = False
         self.asleep = False
+        self.calls: list[str] = []
 
     async def call_utility(self, method: str, *args: Any, rank: int) -> Any:
+        self.calls.append(method)
         answer: Any = None
         if method == "is_scheduler_paused":
             answer = self.paused
@@ -129,3 +131,59 @@ async def test_a_resume_overtaken_by_a_pause_leaves_the_worker_held() -> None:
     worker = await _race("resume_scheduler", ("POST", "/resume"), ("POST", "/pause"))
     assert worker.engine_client.paused
     assert worker.held == "paused"
+
+
+async def test_concurrent_reads_share_one_call_per_engine() -> None:
+    """``GET /is_sleeping`` and ``/is_paused`` are open without an admin key: each made a
+    utility call to every engine, held for up to the control bound by an engine that does not
+    answer, so a flood of anonymous reads piled up calls on every engine. Reads of the same
+    state that overlap share one call per engine, and every reader gets its answer."""
+    worker = _Worker(_Client("is_sleeping"))
+    client = _app(_Manager(worker)).test_client()
+    answers: list[Any] = []
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+
+            async def read() -> None:
+                resp = await client.get("/is_sleeping")
+                answers.append((resp.status_code, await resp.get_json()))
+
+            for _ in range(5):
+                nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            assert worker.engine_client.calls == ["is_sleeping"]
+            worker.engine_client.gate.set()
+    assert [status for status, _ in answers] == [200] * 5
+    assert all(doc["is_sleeping"] is False for _, doc in answers)
+    # a read after those is a call of its own (the engine's state may have changed)
+    resp = await client.get("/is_sleeping")
+    assert resp.status_code == 200
+    assert worker.engine_client.calls == ["is_sleeping", "is_sleeping"]
+
+
+async def test_a_reader_that_goes_away_does_not_fail_the_others() -> None:
+    """The first reader's call is shared: when that reader is cancelled (its client went),
+    the others make the call again rather than fail."""
+    worker = _Worker(_Client("is_scheduler_paused"))
+    client = _app(_Manager(worker)).test_client()
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            first = trio.CancelScope()
+            answers: list[int] = []
+
+            async def leader() -> None:
+                with first:
+                    await client.get("/is_paused")
+
+            async def follower() -> None:
+                resp = await client.get("/is_paused")
+                answers.append(resp.status_code)
+
+            nursery.start_soon(leader)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(follower)
+            await trio.testing.wait_all_tasks_blocked()
+            first.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            worker.engine_client.gate.set()
+    assert answers == [200]
