@@ -31,6 +31,7 @@ from smg_trio.routing.index import KvIndex
 from smg_trio.transport.tcp import TcpOptions
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.kv_feed import (
+    APPLY_SLICE_BLOCKS,
     BURST,
     EngineFeedStats,
     KvFeed,
@@ -452,3 +453,40 @@ async def test_a_bound_endpoint_refuses_a_local_user_s_publisher() -> None:
                 await feed.until(lambda: feed.stats.batches == 1)
             nursery.cancel_scope.cancel()
     assert matched(index, toks(1)) == 1
+
+
+async def test_a_huge_batch_is_applied_in_slices_that_yield(sockdir: str) -> None:
+    """A publisher's batch is only bounded by the message size: one ``BlockStored`` of
+    millions of tokens took seconds to index (a 16 MiB batch: 0.4 s to decode and 2.4 s to
+    apply), all without a checkpoint, stalling every request of the gateway. Large
+    ``BlockStored`` events are applied ``APPLY_SLICE_BLOCKS`` blocks at a time, chained by
+    the engine's hashes, with a checkpoint between slices; the result is the same index."""
+    ep = f"ipc://{sockdir}/kv"
+    n_blocks = 4 * APPLY_SLICE_BLOCKS + 3
+    ticks = 0
+    runs: list[int] = []
+    async with kv_publisher(ep) as pub, feeding(KvTarget(ep, False, "kv"), pub) as feed:
+        stored_of = feed.index.stored
+
+        def counting(*args: Any, **kw: Any) -> bool:
+            runs.append(ticks)
+            return stored_of(*args, **kw)
+
+        feed.index.stored = counting  # type: ignore[method-assign]
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            await pub.publish(stored(range(1, n_blocks + 1), toks(n_blocks), BS))
+            await feed.until(lambda: matched(feed.index, toks(n_blocks)) == n_blocks)
+            nursery.cancel_scope.cancel()
+        assert len(runs) == 5  # four full slices and the rest
+        # the ticker ran between slices (trio runs a batch's tasks in random order, so two
+        # slices can fall between two ticks)
+        assert max(sum(1 for _ in group) for _, group in itertools.groupby(runs)) <= 2
+        assert matched(feed.index, toks(n_blocks)) == n_blocks
