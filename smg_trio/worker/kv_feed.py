@@ -53,6 +53,7 @@ __all__ = [
     "BURST",
     "BURST_BYTES",
     "REPLAY_TIMEOUT_S",
+    "RESYNC_AFTER",
     "EngineFeedStats",
     "KvFeed",
     "KvTarget",
@@ -71,6 +72,9 @@ BURST_BYTES: Final = 1 << 20
 #: A ``BlockStored`` of more blocks is indexed this many at a time, with a checkpoint between
 #: (about 2 ms each; a 16 MiB batch took 2.4 s in one piece).
 APPLY_SLICE_BLOCKS: Final = 512
+#: Batches in a row behind the expected sequence number after which the feed follows the
+#: stream as it is (a bogus high number must not make every later batch a duplicate).
+RESYNC_AFTER: Final = 16
 #: How long a replay may take before the engine's index is reset instead.
 REPLAY_TIMEOUT_S: Final = 2.0
 
@@ -100,6 +104,8 @@ class EngineFeedStats:
     #: Seconds between the batch's timestamp and its arrival (last batch).
     lag_s: float = 0.0
     next_seq: int | None = None
+    #: Batches in a row behind ``next_seq`` (dropped as duplicates until RESYNC_AFTER).
+    behind: int = 0
 
 
 def _host_port(endpoint: str) -> tuple[str, str] | None:
@@ -211,9 +217,18 @@ class _EngineFeed:
             s.resets += 1
             expected = None
         elif expected is not None and seq < expected:
-            s.duplicates += 1
-            self.warn("duplicate", f"sequence {seq} again (expected {expected})")
-            return
+            s.behind += 1
+            if s.behind < RESYNC_AFTER:
+                s.duplicates += 1
+                self.warn("duplicate", f"sequence {seq} again (expected {expected})")
+                return
+            # behind for good (the expected number was bogus): follow the stream as it is
+            s.gaps += 1
+            self.warn("resync", f"{s.behind} batches behind sequence {expected}: at {seq} now")
+            self.index.reset(self.engine)
+            s.resets += 1
+            expected = seq
+        s.behind = 0
         if expected is None or seq > expected:
             start = 0 if expected is None else expected
             if seq > start:

@@ -33,6 +33,7 @@ from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.kv_feed import (
     APPLY_SLICE_BLOCKS,
     BURST,
+    RESYNC_AFTER,
     EngineFeedStats,
     KvFeed,
     KvTarget,
@@ -490,3 +491,22 @@ async def test_a_huge_batch_is_applied_in_slices_that_yield(sockdir: str) -> Non
         # slices can fall between two ticks)
         assert max(sum(1 for _ in group) for _, group in itertools.groupby(runs)) <= 2
         assert matched(feed.index, toks(n_blocks)) == n_blocks
+
+
+async def test_a_bogus_high_sequence_number_does_not_stop_the_feed(sockdir: str) -> None:
+    """One batch with a sequence number far ahead (a corrupt frame, or a publisher's glitch)
+    made every later batch of the real stream a "duplicate": the engine's events were dropped
+    for good and its index froze. After ``RESYNC_AFTER`` batches in a row that are behind, the
+    feed takes the stream as it is: the engine's index is reset and follows it again."""
+    ep = f"ipc://{sockdir}/kv"
+    async with kv_publisher(ep) as pub, feeding(KvTarget(ep, False, "kv"), pub) as feed:
+        await pub.publish(stored([1], toks(1), BS))
+        await pub.publish(stored([2], toks(1, start=40), BS), seq=10**12)
+        pub.seq = 1  # the real stream goes on
+        n = RESYNC_AFTER + 2
+        for i in range(n):
+            await pub.publish(stored([100 + i], toks(1, start=1000 + 10 * i), BS))
+        last = toks(1, start=1000 + 10 * (n - 1))
+        await feed.until(lambda: matched(feed.index, last) == 1)
+        assert feed.stats.duplicates == RESYNC_AFTER - 1
+        assert matched(feed.index, toks(1, start=40)) == 0  # the bogus batch's state went
