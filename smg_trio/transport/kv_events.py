@@ -27,16 +27,22 @@ from smg_trio.transport.zsocket import ZmqSocket, zmq_context
 
 __all__ = [
     "KV_EVENTS_MAX_MESSAGE_BYTES",
+    "KV_EVENTS_MAX_QUEUED_BYTES",
     "KV_EVENTS_RCVHWM",
     "KvEventSocket",
     "open_kv_replay",
     "open_kv_subscriber",
 ]
 
-#: Messages queued on a SUB before libzmq drops new ones (the feed then sees a gap).
-KV_EVENTS_RCVHWM: Final = 10_000
-#: The largest event message accepted; a larger one drops the publisher's connection.
-KV_EVENTS_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+#: The most bytes a SUB's queue may hold: ``RCVHWM`` x ``MAXMSGSIZE`` (libzmq counts
+#: messages, not bytes; 10000 x 16 MiB let a flooding publisher make it hold 156 GiB).
+KV_EVENTS_MAX_QUEUED_BYTES: Final = 1 << 30
+#: The largest event message accepted; a larger one drops the publisher's connection. A
+#: step's batch carries the token ids of the blocks it filled: 4 MiB holds about 800k.
+KV_EVENTS_MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
+#: Messages queued on a SUB before libzmq drops new ones (the feed then sees a gap): 256
+#: steps of an engine, seconds of backlog behind a busy event loop.
+KV_EVENTS_RCVHWM: Final = KV_EVENTS_MAX_QUEUED_BYTES // KV_EVENTS_MAX_MESSAGE_BYTES
 
 
 class KvEventSocket:

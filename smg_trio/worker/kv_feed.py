@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 #: Messages handled per wake-up before the feed yields to other tasks (a flooding
 #: publisher cannot monopolise the event loop).
 BURST: Final = 64
-#: ... and at most this many bytes of them (a message may be up to 16 MiB).
+#: ... and at most this many bytes of them (a message may be up to 4 MiB).
 BURST_BYTES: Final = 1 << 20
 #: A ``BlockStored`` of more blocks is indexed this many at a time, with a checkpoint between
 #: (about 2 ms each; a 16 MiB batch took 2.4 s in one piece).
