@@ -149,6 +149,8 @@ def decode_batch(payload: bytes | memoryview) -> DecodedBatch:
         raw = _batch_decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise DecodeError(f"malformed KV event batch: {exc}") from None
+    except RecursionError:  # msgspec's answer to arrays nested past the interpreter's limit
+        raise DecodeError("malformed KV event batch: nested too deeply") from None
     events: list[KvEvent] = []
     unknown = 0
     for item in raw.events:
@@ -165,6 +167,8 @@ def decode_batch(payload: bytes | memoryview) -> DecodedBatch:
             raise DecodeError(f"malformed KV event: {exc}") from None
         except msgspec.DecodeError as exc:
             raise DecodeError(f"malformed KV event: {exc}") from None
+        except RecursionError:
+            raise DecodeError("malformed KV event: nested too deeply") from None
     return DecodedBatch(raw.ts, events, raw.data_parallel_rank, unknown)
 
 

@@ -19,16 +19,28 @@ import hashlib
 from collections.abc import Sequence
 from typing import Final
 
-__all__ = ["ROOT_KEY", "block_keys", "chain_seed", "extra_key", "stable_digest", "tail_key"]
+__all__ = [
+    "MAX_EXTRA_DEPTH",
+    "ROOT_KEY",
+    "block_keys",
+    "chain_seed",
+    "extra_key",
+    "stable_digest",
+    "tail_key",
+]
 
 #: The seed of a chain with no LoRA adapter.
 ROOT_KEY: Final = 0
+#: The deepest nesting of tuples and lists an extra key may have (vLLM's are flat tuples of
+#: strings, ints and bytes); deeper is malformed rather than a ``RecursionError``.
+MAX_EXTRA_DEPTH: Final = 16
 
 
-def stable_digest(value: object) -> int:
+def stable_digest(value: object, _depth: int = 0) -> int:
     """A process-independent 64-bit integer for an extra-key value: an int as itself, ``str``
     and ``bytes`` by BLAKE2b, tuples and lists element-wise, ``None`` as a constant, anything
-    else by its ``repr``."""
+    else by its ``repr``. Raises ``ValueError`` for tuples and lists nested deeper than
+    :data:`MAX_EXTRA_DEPTH`."""
     if value is None:
         return -2  # hash(None) is the object's address before Python 3.12
     if isinstance(value, int):  # bool too
@@ -38,7 +50,9 @@ def stable_digest(value: object) -> int:
     if isinstance(value, bytes | bytearray | memoryview):
         return int.from_bytes(hashlib.blake2b(bytes(value), digest_size=8).digest(), "big")
     if isinstance(value, tuple | list):
-        return hash(tuple(stable_digest(v) for v in value))
+        if _depth >= MAX_EXTRA_DEPTH:
+            raise ValueError(f"extra key nested deeper than {MAX_EXTRA_DEPTH}")
+        return hash(tuple(stable_digest(v, _depth + 1) for v in value))
     return stable_digest(repr(value))
 
 

@@ -194,10 +194,14 @@ class KvIndex:
                 return False
         extras = None
         if extra is not None:
-            extras = [
-                extra_key([v for v in values if v != lora_name]) if values else None
-                for values in extra
-            ]
+            try:
+                extras = [
+                    extra_key([v for v in values if v != lora_name]) if values else None
+                    for values in extra
+                ]
+            except ValueError:  # nested too deeply
+                c.malformed += 1
+                return False
         keys = block_keys(
             token_ids,
             block_size,
@@ -210,6 +214,11 @@ class KvIndex:
             old = state.by_hash.get(h)
             if old is not None and old != key:
                 self._remove_key(engine, state, old)
+            # one hash per content key: the same blocks stored again under another hash
+            # replace the earlier hash, so the hash map stays within the engine's capacity
+            prev = state.keys.get(key, _MISSING)
+            if prev is not _MISSING and prev != h and state.by_hash.get(prev) == key:
+                del state.by_hash[prev]
             self._insert(engine, state, key, h)
             state.by_hash[h] = key
         return True

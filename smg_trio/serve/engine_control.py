@@ -163,6 +163,40 @@ async def call_engines(
     return [answers[w.worker_id, r] for w, r in calls]
 
 
+class _Epochs:
+    """How many times control calls changed each worker's held state: an answer to a call
+    sent before another call changed it (a read-back of ``is_paused``, a wake-up overtaken by
+    a sleep) must not undo that change."""
+
+    def __init__(self) -> None:
+        self._n: dict[str, int] = {}
+
+    def snapshot(self, workers: Sequence[WorkerState]) -> dict[str, int]:
+        """The workers' counts now (before the engines are called)."""
+        return {w.worker_id: self._n.get(w.worker_id, 0) for w in workers}
+
+    def unchanged(self, worker: WorkerState, snap: dict[str, int]) -> bool:
+        """Whether no control call changed ``worker``'s held state since ``snap``."""
+        return self._n.get(worker.worker_id, 0) == snap.get(worker.worker_id)
+
+    def hold(self, worker: WorkerState, held: Held | None) -> None:
+        """Set ``worker``'s held state (counted)."""
+        if worker.held != held:
+            worker.held = held
+            self._n[worker.worker_id] = self._n.get(worker.worker_id, 0) + 1
+
+
+class _Flight:
+    """One read of the engines' state (``is_sleeping``, ``is_scheduler_paused``) that the
+    readers arriving while it is on its way share."""
+
+    def __init__(self, snap: dict[str, int]) -> None:
+        self.snap = snap
+        self.done = trio.Event()
+        self.answers: list[_Answer] | None = None
+        self.error: ApiError | None = None
+
+
 def _check(answers: Sequence[_Answer]) -> list[_Answer]:
     """``answers``, or raise the first engine's error."""
     for answer in answers:
@@ -177,6 +211,7 @@ async def _hold(
     method: str,
     args: Sequence[Any],
     bound_s: float,
+    epochs: _Epochs,
 ) -> None:
     """Take ``workers`` out of routing, then call ``method`` (sleep, pause) on their engines,
     so that no request is routed to an engine that is pausing. A worker whose every engine
@@ -186,7 +221,8 @@ async def _hold(
     before = {w.worker_id: w.held for w in workers}
     for worker in workers:
         if worker.held is None or held == "sleeping":
-            worker.held = held
+            epochs.hold(worker, held)
+    snap = epochs.snapshot(workers)
     answers = await call_engines(workers, method, args, bound_s)
     refused = [w for w in workers if all(a.error is not None for a in answers if a.worker is w)]
     if refused:
@@ -195,8 +231,10 @@ async def _hold(
         except ApiError:
             probe = [_Answer(w, -1, True) for w in refused]  # no word: keep them held
         for worker in refused:
+            if not epochs.unchanged(worker, snap):
+                continue  # another control call changed it meanwhile: that one stands
             if not any(a.error is None and a.result for a in probe if a.worker is worker):
-                worker.held = before[worker.worker_id]
+                epochs.hold(worker, before[worker.worker_id])
     _check(answers)
 
 
@@ -204,15 +242,21 @@ def _per_engine(answers: Sequence[_Answer], key: str) -> list[dict[str, Any]]:
     return [{"worker_id": a.worker.worker_id, "dp_rank": a.rank, key: a.result} for a in answers]
 
 
-def _sync_held(answers: Sequence[_Answer], state: str) -> None:
+def _sync_held(
+    answers: Sequence[_Answer], state: str, epochs: _Epochs, snap: dict[str, int]
+) -> None:
     """Take the engines' own word (``is_sleeping``, ``is_scheduler_paused``) for a worker's
-    held state: the engine is the source of truth, and a restarted one is awake."""
+    held state: the engine is the source of truth, and a restarted one is awake. Not for a
+    worker whose held state a control call changed while these answers were on their way
+    (they may predate it)."""
     for worker in {a.worker for a in answers}:
+        if not epochs.unchanged(worker, snap):
+            continue
         any_held = any(bool(a.result) for a in answers if a.worker is worker)
         if any_held and worker.held is None:
-            worker.held = "sleeping" if state == "sleeping" else "paused"
+            epochs.hold(worker, "sleeping" if state == "sleeping" else "paused")
         elif not any_held and worker.held == state:
-            worker.held = None
+            epochs.hold(worker, None)
 
 
 def add_engine_control_routes(
@@ -226,16 +270,56 @@ def add_engine_control_routes(
     worker, ``?model=``, or ``?worker_id=``; see docs/admin.md. ``bound_s`` bounds each call
     (:data:`CONTROL_CALL_TIMEOUT_S` by default, read at each call)."""
 
+    epochs = _Epochs()
+
     def bound() -> float:
         return CONTROL_CALL_TIMEOUT_S if bound_s is None else bound_s
 
+    flights: dict[tuple[str, tuple[str, ...]], _Flight] = {}
+
+    async def shared_read(
+        method: str, workers: list[WorkerState]
+    ) -> tuple[list[_Answer], dict[str, int]]:
+        """``method()`` on ``workers``' engines, shared with the readers of the same state
+        whose call is on its way (the read routes are open without an admin key: a flood of
+        them makes one call per engine at a time, not one per reader). A reader whose shared
+        call was abandoned (its first reader went away) makes it again."""
+        key = (method, tuple(w.worker_id for w in workers))
+        while True:
+            flight = flights.get(key)
+            if flight is None:
+                break
+            await flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            if flight.answers is not None:
+                return flight.answers, flight.snap
+        flight = flights[key] = _Flight(epochs.snapshot(workers))
+        try:
+            flight.answers = await call_engines(workers, method, (), bound())
+        except ApiError as exc:
+            flight.error = exc
+            raise
+        finally:
+            del flights[key]
+            flight.done.set()
+        return flight.answers, flight.snap
+
     async def run(
-        method: str, args: Sequence[Any], respond: Callable[[list[_Answer]], dict[str, Any]]
+        method: str,
+        args: Sequence[Any],
+        respond: Callable[[list[_Answer], dict[str, int]], dict[str, Any]],
+        *,
+        read: bool = False,
     ) -> Response:
         try:
             workers = _targets(manager)
-            answers = _check(await call_engines(workers, method, args, bound()))
-            return _json(respond(answers))
+            if read:
+                answers, snap = await shared_read(method, workers)
+            else:
+                snap = epochs.snapshot(workers)
+                answers = await call_engines(workers, method, args, bound())
+            return _json(respond(_check(answers), snap))
         except ApiError as exc:
             return _error(exc)
 
@@ -248,7 +332,7 @@ def add_engine_control_routes(
             return _error(exc)
         log.info("resetting the prefix cache")
 
-        def respond(answers: list[_Answer]) -> dict[str, Any]:
+        def respond(answers: list[_Answer], snap: dict[str, int]) -> dict[str, Any]:
             return {
                 "success": all(bool(a.result) for a in answers),
                 "engines": _per_engine(answers, "success"),
@@ -268,7 +352,7 @@ def add_engine_control_routes(
             return _error(exc)
         level = int(raw)
         try:
-            await _hold(workers, "sleeping", "sleep", (level, mode), bound())
+            await _hold(workers, "sleeping", "sleep", (level, mode), bound(), epochs)
         except ApiError as exc:
             return _error(exc)
         return _json({"status": "sleeping", "level": level})
@@ -278,25 +362,28 @@ def add_engine_control_routes(
         tags: list[str] | None = request.args.getlist("tags") or None
         try:
             workers = _targets(manager)
+            snap = epochs.snapshot(workers)
             answers = _check(await call_engines(workers, "wake_up", (tags,), bound()))
         except ApiError as exc:
             return _error(exc)
         for worker in workers:
-            if all(bool(a.result) for a in answers if a.worker is worker):
-                worker.held = None
+            if epochs.unchanged(worker, snap) and all(
+                bool(a.result) for a in answers if a.worker is worker
+            ):
+                epochs.hold(worker, None)
         fully_awake = all(bool(a.result) for a in answers)
         return _json({"status": "awake" if fully_awake else "sleeping", "tags": tags})
 
     @bp.get("/is_sleeping")
     async def is_sleeping() -> Response:
-        def respond(answers: list[_Answer]) -> dict[str, Any]:
-            _sync_held(answers, "sleeping")
+        def respond(answers: list[_Answer], snap: dict[str, int]) -> dict[str, Any]:
+            _sync_held(answers, "sleeping", epochs, snap)
             return {
                 "is_sleeping": any(bool(a.result) for a in answers),
                 "engines": _per_engine(answers, "is_sleeping"),
             }
 
-        return await run("is_sleeping", (), respond)
+        return await run("is_sleeping", (), respond, read=True)
 
     @bp.post("/pause")
     async def pause() -> Response:
@@ -307,31 +394,31 @@ def add_engine_control_routes(
         except ApiError as exc:
             return _error(exc)
         try:
-            await _hold(workers, "paused", "pause_scheduler", (mode, clear_cache), bound())
+            await _hold(workers, "paused", "pause_scheduler", (mode, clear_cache), bound(), epochs)
         except ApiError as exc:
             return _error(exc)
         return _json({"status": "paused"})
 
     @bp.post("/resume")
     async def resume() -> Response:
-        def respond(answers: list[_Answer]) -> dict[str, Any]:
+        def respond(answers: list[_Answer], snap: dict[str, int]) -> dict[str, Any]:
             for worker in {a.worker for a in answers}:
-                if worker.held == "paused":
-                    worker.held = None
+                if worker.held == "paused" and epochs.unchanged(worker, snap):
+                    epochs.hold(worker, None)
             return {"status": "resumed"}
 
         return await run("resume_scheduler", (), respond)
 
     @bp.get("/is_paused")
     async def is_paused() -> Response:
-        def respond(answers: list[_Answer]) -> dict[str, Any]:
-            _sync_held(answers, "paused")
+        def respond(answers: list[_Answer], snap: dict[str, int]) -> dict[str, Any]:
+            _sync_held(answers, "paused", epochs, snap)
             return {
                 "is_paused": any(bool(a.result) for a in answers),
                 "engines": _per_engine(answers, "is_paused"),
             }
 
-        return await run("is_scheduler_paused", (), respond)
+        return await run("is_scheduler_paused", (), respond, read=True)
 
     @bp.get("/server_info")
     async def server_info() -> Response:

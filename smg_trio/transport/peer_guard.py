@@ -129,7 +129,7 @@ def judge_connection(fd: int, local_port: int, opts: TcpOptions) -> Verdict | No
         return None
     ours = (normalize_ip(local[0]), int(local[1]))
     theirs = (normalize_ip(peer[0]), int(peer[1]))
-    return judge(ours, theirs, read_tcp_tables(), opts)
+    return judge(ours, theirs, read_tcp_tables(local_port), opts)
 
 
 def _shut_down_inode(inode: int) -> None:
@@ -238,7 +238,9 @@ class PeerGuard:
             return reply(b"400", b"unknown peer address")
         with trio.move_on_after(MIXED_WAIT_S):
             while True:
-                table = read_tcp_tables()
+                # off the event loop, and only the rows of this socket's port: the table
+                # grows with every tcp socket of the host, which a local user can multiply
+                table = await trio.to_thread.run_sync(read_tcp_tables, endpoint.port)
                 if table is None:  # no table: only other hosts can be judged (by address)
                     ok = not peer_ip.is_loopback and self.opts.peer_allowed(str(peer_ip))
                     return reply(b"200", b"OK") if ok else reply(b"400", b"refused")

@@ -78,13 +78,22 @@ def _address(text: str) -> Address:
     return normalize_ip(ip), int(hexport, 16)
 
 
-def parse_tcp_table(lines: Iterable[str]) -> list[TcpEntry]:
+def parse_tcp_table(lines: Iterable[str], port: int | None = None) -> list[TcpEntry]:
     """The rows of one ``/proc/net/tcp``-format text (its header line skipped); a row that
-    does not parse is skipped."""
+    does not parse is skipped. With ``port``, only the rows whose local or remote port it is
+    (the others are skipped before they are parsed: the table lists every tcp socket of the
+    host, which any local user can multiply)."""
     entries = []
+    suffix = f":{port:04X}" if port is not None else None
     for line in lines:
+        if suffix is not None and suffix not in line:
+            continue
         fields = line.split()
         if len(fields) < 10 or not fields[0].endswith(":"):
+            continue
+        if suffix is not None and not (
+            fields[1].upper().endswith(suffix) or fields[2].upper().endswith(suffix)
+        ):
             continue
         try:
             entries.append(
@@ -101,15 +110,17 @@ def parse_tcp_table(lines: Iterable[str]) -> list[TcpEntry]:
     return entries
 
 
-def read_tcp_tables() -> list[TcpEntry] | None:
-    """Every tcp socket of this network namespace, or ``None`` when no table can be read
-    (not Linux, or /proc not mounted): then no peer on this host can be verified."""
+def read_tcp_tables(port: int | None = None) -> list[TcpEntry] | None:
+    """Every tcp socket of this network namespace (with ``port``, those whose local or remote
+    port it is), or ``None`` when no table can be read (not Linux, or /proc not mounted):
+    then no peer on this host can be verified. Blocking: time in proportion to the host's tcp
+    sockets."""
     entries: list[TcpEntry] = []
     read_any = False
     for path in TCP_TABLES:
         try:
             with open(path, encoding="ascii", errors="replace") as f:
-                entries += parse_tcp_table(f)
+                entries += parse_tcp_table(f, port)
         except OSError:
             continue
         read_any = True

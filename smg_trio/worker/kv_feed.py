@@ -44,13 +44,16 @@ from smg_trio.protocol.kv_events import (
 from smg_trio.routing.cache_aware import CacheAwareRouter
 from smg_trio.routing.index import EngineKey, KvIndex
 from smg_trio.transport.kv_events import open_kv_replay, open_kv_subscriber
-from smg_trio.transport.tcp import is_wildcard_host
+from smg_trio.transport.tcp import TcpOptions, is_wildcard_host
 from smg_trio.worker.confine import WorkerConfinement, escape
 from smg_trio.worker.registry import Worker
 
 __all__ = [
+    "APPLY_SLICE_BLOCKS",
     "BURST",
+    "BURST_BYTES",
     "REPLAY_TIMEOUT_S",
+    "RESYNC_AFTER",
     "EngineFeedStats",
     "KvFeed",
     "KvTarget",
@@ -64,6 +67,14 @@ log = logging.getLogger(__name__)
 #: Messages handled per wake-up before the feed yields to other tasks (a flooding
 #: publisher cannot monopolise the event loop).
 BURST: Final = 64
+#: ... and at most this many bytes of them (a message may be up to 4 MiB).
+BURST_BYTES: Final = 1 << 20
+#: A ``BlockStored`` of more blocks is indexed this many at a time, with a checkpoint between
+#: (about 2 ms each; a 16 MiB batch took 2.4 s in one piece).
+APPLY_SLICE_BLOCKS: Final = 512
+#: Batches in a row behind the expected sequence number after which the feed follows the
+#: stream as it is (a bogus high number must not make every later batch a duplicate).
+RESYNC_AFTER: Final = 16
 #: How long a replay may take before the engine's index is reset instead.
 REPLAY_TIMEOUT_S: Final = 2.0
 
@@ -93,6 +104,8 @@ class EngineFeedStats:
     #: Seconds between the batch's timestamp and its arrival (last batch).
     lag_s: float = 0.0
     next_seq: int | None = None
+    #: Batches in a row behind ``next_seq`` (dropped as duplicates until RESYNC_AFTER).
+    behind: int = 0
 
 
 def _host_port(endpoint: str) -> tuple[str, str] | None:
@@ -204,9 +217,18 @@ class _EngineFeed:
             s.resets += 1
             expected = None
         elif expected is not None and seq < expected:
-            s.duplicates += 1
-            self.warn("duplicate", f"sequence {seq} again (expected {expected})")
-            return
+            s.behind += 1
+            if s.behind < RESYNC_AFTER:
+                s.duplicates += 1
+                self.warn("duplicate", f"sequence {seq} again (expected {expected})")
+                return
+            # behind for good (the expected number was bogus): follow the stream as it is
+            s.gaps += 1
+            self.warn("resync", f"{s.behind} batches behind sequence {expected}: at {seq} now")
+            self.index.reset(self.engine)
+            s.resets += 1
+            expected = seq
+        s.behind = 0
         if expected is None or seq > expected:
             start = 0 if expected is None else expected
             if seq > start:
@@ -216,10 +238,10 @@ class _EngineFeed:
                 if not await self._replay(start, seq):
                     self.index.reset(self.engine)
                     s.resets += 1
-        self._apply(frames[2])
+        await self._apply(frames[2])
         s.next_seq = seq + 1
 
-    def _apply(self, payload: bytes) -> None:
+    async def _apply(self, payload: bytes) -> None:
         s = self.stats
         try:
             batch = decode_batch(payload)
@@ -233,23 +255,39 @@ class _EngineFeed:
         engine, index = self.engine, self.index
         for ev in batch.events:
             if isinstance(ev, BlockStored):
-                index.stored(
-                    engine,
-                    ev.block_hashes,
-                    ev.parent_block_hash,
-                    ev.token_ids,
-                    ev.block_size,
-                    ev.lora_name,
-                    ev.extra_keys,
-                    medium=ev.medium,
-                    group_idx=ev.group_idx,
-                )
+                await self._stored(ev)
             elif isinstance(ev, BlockRemoved):
                 index.removed(engine, ev.block_hashes, medium=ev.medium, group_idx=ev.group_idx)
             elif isinstance(ev, AllBlocksCleared):
                 index.cleared(engine)
                 s.resets += 1
         self.on_change()
+
+    async def _stored(self, ev: BlockStored) -> None:
+        """Index a ``BlockStored``, :data:`APPLY_SLICE_BLOCKS` blocks at a time: each slice's
+        parent is the previous slice's last hash, and the feed yields between slices."""
+        hashes, tokens, extra, size = ev.block_hashes, ev.token_ids, ev.extra_keys, ev.block_size
+        parent = ev.parent_block_hash
+        step = APPLY_SLICE_BLOCKS
+        whole = len(hashes) <= step or size < 1 or len(tokens) != len(hashes) * size
+        for start in range(0, len(hashes), step) if not whole else (0,):
+            stop = len(hashes) if whole else start + step
+            if start:
+                await trio.lowlevel.checkpoint()
+            ok = self.index.stored(
+                self.engine,
+                hashes[start:stop] if not whole else hashes,
+                parent,
+                tokens[start * size : stop * size] if not whole else tokens,
+                size,
+                ev.lora_name,
+                extra[start:stop] if extra is not None and not whole else extra,
+                medium=ev.medium,
+                group_idx=ev.group_idx,
+            )
+            if not ok:
+                return
+            parent = hashes[min(stop, len(hashes)) - 1]
 
     async def _replay(self, start: int, stop: int) -> bool:
         """Apply the batches ``start .. stop - 1`` from the replay endpoint; whether all came."""
@@ -274,7 +312,7 @@ class _EngineFeed:
                             continue
                         if seq > nxt:
                             return False  # the publisher's buffer no longer has them
-                        self._apply(frames[3])
+                        await self._apply(frames[3])
                         nxt = seq + 1
             except (EngineError, DecodeError) as exc:
                 self.warn("replay", str(exc))
@@ -291,21 +329,26 @@ async def run_engine_feed(
     *,
     on_change: Callable[[], None] = lambda: None,
     warn: Callable[[str, str], None] = lambda kind, text: None,
+    peers: TcpOptions | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Subscribe to one engine publisher and feed ``index`` until cancelled. Reports
-    (``nursery.start``) the endpoint once subscribed. Raises ``EngineError`` when the socket
-    cannot be connected or bound."""
+    (``nursery.start``) the endpoint once subscribed. A tcp endpoint it binds admits only
+    the publishers ``peers`` allow (the engines' hosts and uids). Raises ``EngineError`` when
+    the socket cannot be connected or bound."""
     feed = _EngineFeed(engine, target, index, stats, on_change, warn)
-    async with open_kv_subscriber(target.endpoint, target.topic, bind=target.bind) as sub:
+    async with open_kv_subscriber(
+        target.endpoint, target.topic, bind=target.bind, peers=peers
+    ) as sub:
         task_status.started(sub.endpoint)
         while True:
             frames: list[bytes] | None = await sub.receive()
-            n = 0
+            n = nbytes = 0
             while frames is not None:
                 await feed.handle(frames)
                 n += 1
-                if n >= BURST:
+                nbytes += sum(len(f) for f in frames)
+                if n >= BURST or nbytes >= BURST_BYTES:
                     break
                 frames = sub.receive_nowait()
 
@@ -331,10 +374,13 @@ class KvFeed:
         confinement: WorkerConfinement,
         *,
         can_bind: bool,
+        tcp: TcpOptions | None = None,
     ) -> None:
         self.router = router
         self.confinement = confinement
         self.can_bind = can_bind
+        #: Who may publish to an endpoint this process binds (the tcp engines' peer rules).
+        self.tcp = tcp or TcpOptions(allowed_hosts=confinement.engine_hosts)
         #: Per engine publisher (dropped with the engine).
         self.stats: dict[EngineKey, EngineFeedStats] = {}
         self._changed = trio.Event()
@@ -437,6 +483,7 @@ class KvFeed:
                 stats,
                 on_change=self._touch,
                 warn=lambda kind, text: self._warn_once(worker, kind, text),
+                peers=self.tcp,
                 task_status=task_status,
             )
         except (SmgError, OSError, trio.ClosedResourceError) as exc:

@@ -412,7 +412,9 @@ class WorkerManager:
         #: ``cache_aware``'s KV event feed (one subscription per publishing engine).
         self.kv_feed: KvFeed | None = None
         if isinstance(self.policy, CacheAwarePolicy):
-            self.kv_feed = KvFeed(self.policy.router, self.confinement, can_bind=client_count == 1)
+            self.kv_feed = KvFeed(
+                self.policy.router, self.confinement, can_bind=client_count == 1, tcp=self.tcp
+            )
         self.ready_timeout_s = ready_timeout_s
         self.silence_timeout_s = silence_timeout_s
         self.drain_timeout_s = drain_timeout_s

@@ -19,7 +19,11 @@ import trio.testing
 from smg_trio.gateway.config import REQUEST_TOKENS_CONTEXTS, GatewayHttpConfig
 from smg_trio.gateway.http import app as gateway_app
 from smg_trio.gateway.http.app import gateway_of
-from smg_trio.gateway.http.call import RENDER_OFFLOAD_TOKENS, TOKENIZE_OFFLOAD_BYTES
+from smg_trio.gateway.http.call import (
+    BODY_RESERVE_STEP,
+    RENDER_OFFLOAD_TOKENS,
+    TOKENIZE_OFFLOAD_BYTES,
+)
 from smg_trio.tokenizer import Tokenizer
 from smg_trio.tokenizer.bound import min_tokens
 from smg_trio.tokenizer.prefix import prefix_chars
@@ -512,3 +516,37 @@ async def test_a_body_of_no_declared_length_holds_only_what_it_needs(
                 assert stream.status_code == 200
                 assert 0 < gw.body_budget.held < 16 * 1024
             h.engine.resume()
+
+
+async def test_slow_uploads_hold_what_they_sent_not_what_they_declared(
+    harness: HarnessFactory,
+) -> None:
+    """A slowloris upload (a large ``Content-Length``, then a trickle) holds at most
+    ``BODY_RESERVE_STEP`` of the body budget beyond the bytes it has sent: a few slow clients
+    declaring the largest body each held all of it (32 of them the default 1 GiB for the whole
+    ``body_timeout_s``), and every other request got 429."""
+    config = GatewayHttpConfig(
+        max_body_bytes=100_000, max_body_bytes_in_flight=200_000, queue_timeout_s=0.0
+    )
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n" + b'{"model": "M", "prompt": "'
+    )
+    with trio.fail_after(DEADLINE_S):
+        async with harness(config=config) as h:
+            budget = gateway_app.gateway_of(h.app).body_budget
+            host, port = h.base_url.removeprefix("http://").rsplit(":", 1)
+            async with (
+                await trio.open_tcp_stream(host, int(port)) as slow1,
+                await trio.open_tcp_stream(host, int(port)) as slow2,
+            ):
+                for slow in (slow1, slow2):
+                    held = budget.held
+                    await slow.send_all(head)
+                    while budget.held == held:  # its reservation is made
+                        await trio.lowlevel.checkpoint()
+                assert budget.held <= 2 * BODY_RESERVE_STEP
+                resp = await h.post("/v1/tokenize", {"model": "M", "prompt": "hi"})
+                assert resp.status_code == 200, resp.text
+            while budget.held:  # the uploads went: their bytes are back
+                await trio.lowlevel.checkpoint()

@@ -62,8 +62,10 @@ def claim(
     control_fd: int,
     report: Callable[[str], None],
     registration: bytes | None = None,
+    socket_type: int = zmq.DEALER,
 ) -> None:
-    """Dial ``address`` with routing id ``identity``; report as the module says. With
+    """Dial ``address`` with routing id ``identity`` (a DEALER, or ``socket_type``: a PUB
+    for a KV event subscriber); report as the module says. With
     ``registration``, ``address`` is the handshake's: HELLO, INIT, READY first, then the
     input address INIT named is dialed and sent ``registration``, as an engine does."""
     report(f"uid {os.getuid()}")
@@ -72,9 +74,10 @@ def claim(
         handshake, address = _introduce(ctx, address, identity)
         handshake.close(linger=1000)  # READY still goes out (the child exits without term)
         report("introduced")
-    sock = ctx.socket(zmq.DEALER)
+    sock = ctx.socket(socket_type)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.ROUTING_ID, identity)
+    if socket_type != zmq.PUB:
+        sock.setsockopt(zmq.ROUTING_ID, identity)
     sock.monitor("inproc://claimant-monitor", zmq.EVENT_ALL)
     monitor = ctx.socket(zmq.PAIR)
     monitor.connect("inproc://claimant-monitor")
@@ -82,7 +85,8 @@ def claim(
     if registration is not None:
         sock.send(registration)
     poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
+    if socket_type != zmq.PUB:
+        poller.register(sock, zmq.POLLIN)
     poller.register(monitor, zmq.POLLIN)
     poller.register(control_fd, zmq.POLLIN)
     received = 0
@@ -98,7 +102,8 @@ def claim(
                     reported = True
                     report(f"attempt {outcome}")
             else:
-                received += _drain(sock)
+                if socket_type != zmq.PUB:
+                    received += _drain(sock)
                 report(f"received {received}")
                 return
 
@@ -129,7 +134,11 @@ class Claimant:
 
 @asynccontextmanager
 async def claimant(
-    address: str, identity: bytes, uid: int, registration: bytes | None = None
+    address: str,
+    identity: bytes,
+    uid: int,
+    registration: bytes | None = None,
+    socket_type: int = zmq.DEALER,
 ) -> AsyncIterator[Claimant]:
     """A forked child running :func:`claim` as ``uid`` (and gid ``uid``, no groups)."""
     report_r, report_w = os.pipe()
@@ -149,6 +158,7 @@ async def claimant(
                 control_r,
                 lambda line: _write_line(report_w, line),
                 registration,
+                socket_type,
             )
             status = 0
         finally:

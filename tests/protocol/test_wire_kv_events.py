@@ -168,3 +168,13 @@ def test_offset_endpoint_port_follows_vllm() -> None:
     assert offset_endpoint_port("ipc:///run/kv", 0) == "ipc:///run/kv"
     with pytest.raises(ValueError):
         offset_endpoint_port("ipc:///run/kv", 1)
+
+
+@pytest.mark.parametrize("depth", [2_000, 100_000])
+def test_deeply_nested_payload_is_a_decode_error(depth: int) -> None:
+    """msgspec raises ``RecursionError`` on arrays nested past the interpreter's limit: a
+    publisher's payload of them is malformed (``DecodeError``), not a crash of the feed."""
+    head = msgspec.msgpack.encode(1.0)
+    payload = b"\x93" + head + b"\x91" * depth + b"\xc0" + b"\xc0"
+    with pytest.raises(DecodeError):
+        decode_batch(payload)

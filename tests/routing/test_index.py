@@ -198,3 +198,30 @@ def test_routed_prompts_mark_forks_only_where_the_index_holds_blocks() -> None:
     idx.drop(A)
     assert not idx.is_fork(shared[1])
     assert idx._child == {}
+
+
+def test_one_content_under_many_hashes_keeps_the_hash_map_bounded() -> None:
+    """A publisher that stores the same blocks again and again under fresh hashes (a
+    misbehaving engine, or one whose hashes the content key does not tell apart) must not
+    grow the engine's hash map past its capacity: each content key keeps one hash."""
+    idx = index(A, gpu_blocks=8)
+    for h in range(1000):
+        assert idx.stored(A, [h], None, tokens(1), BS)
+    state = idx._engines[A]
+    assert len(state.keys) == 1
+    assert len(state.by_hash) <= idx.capacity(A)
+    # the latest hash is the one that removes it
+    idx.removed(A, [999])
+    assert idx.match(block_keys(tokens(1), BS)) == {}
+
+
+def test_deeply_nested_extra_keys_are_malformed_not_a_crash() -> None:
+    """Extra keys nested hundreds deep (only a hostile publisher sends them) are counted as
+    malformed; digesting them must not raise ``RecursionError`` into the feed task."""
+    idx = index(A)
+    deep: object = None
+    for _ in range(5000):
+        deep = [deep]
+    assert not idx.stored(A, [1], None, tokens(1), BS, extra=[(deep,)])
+    assert idx.counters.malformed == 1
+    assert idx.stored(A, [2], None, tokens(1), BS, extra=[("salt",)])

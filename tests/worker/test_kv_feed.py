@@ -5,6 +5,7 @@ where it may subscribe at all."""
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -14,6 +15,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import zmq
 
 from smg_trio.protocol.kv_events import (
     AllBlocksCleared,
@@ -26,15 +28,19 @@ from smg_trio.protocol.kv_events import (
 from smg_trio.routing.blocks import block_keys
 from smg_trio.routing.cache_aware import CacheAwareRouter
 from smg_trio.routing.index import KvIndex
+from smg_trio.transport.tcp import TcpOptions
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.kv_feed import (
+    APPLY_SLICE_BLOCKS,
     BURST,
+    RESYNC_AFTER,
     EngineFeedStats,
     KvFeed,
     KvTarget,
     plan_subscription,
     run_engine_feed,
 )
+from tests.helpers.claimant import claimant
 from tests.helpers.kv_publisher import KvPublisher, kv_publisher, stored
 
 BS = 4
@@ -413,3 +419,94 @@ async def test_a_worker_whose_endpoint_is_refused_falls_back(sockdir: str) -> No
                 await trio.lowlevel.checkpoint()
         assert not router.has_events(("w1", 0))
         nursery.cancel_scope.cancel()
+
+
+async def test_a_bound_endpoint_refuses_a_local_user_s_publisher() -> None:
+    """The SUB the gateway binds for an engine that dials it is on loopback, where any local
+    user could connect a PUB and feed the index made-up events (steering every prompt to one
+    engine, or a sequence number that makes the engine's real batches duplicates). It is
+    guarded as the tcp data plane is (``--allowed-engine-uids``): another uid's connection
+    never completes its handshake; the gateway's own uid still publishes."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a publisher as another uid")
+    index = KvIndex()
+    index.add_engine(ENGINE, block_size=BS)
+    feed = Feed(index, EngineFeedStats())
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            endpoint = await nursery.start(
+                lambda task_status: run_engine_feed(
+                    ENGINE,
+                    KvTarget("tcp://127.0.0.1:*", True, ""),
+                    index,
+                    feed.stats,
+                    on_change=feed.on_change,
+                    peers=TcpOptions(),
+                    task_status=task_status,
+                )
+            )
+            async with claimant(endpoint, b"", 65534, socket_type=zmq.PUB) as intruder:
+                assert await intruder.next() == "uid 65534"
+                assert await intruder.next() != "attempt handshake-succeeded"
+            async with kv_publisher(endpoint, topic="", connect=True) as pub:
+                await pub.wait_subscribed()
+                await pub.publish(stored([1], toks(1), BS))
+                await feed.until(lambda: feed.stats.batches == 1)
+            nursery.cancel_scope.cancel()
+    assert matched(index, toks(1)) == 1
+
+
+async def test_a_huge_batch_is_applied_in_slices_that_yield(sockdir: str) -> None:
+    """A publisher's batch is only bounded by the message size: one ``BlockStored`` of
+    millions of tokens took seconds to index (a 16 MiB batch: 0.4 s to decode and 2.4 s to
+    apply), all without a checkpoint, stalling every request of the gateway. Large
+    ``BlockStored`` events are applied ``APPLY_SLICE_BLOCKS`` blocks at a time, chained by
+    the engine's hashes, with a checkpoint between slices; the result is the same index."""
+    ep = f"ipc://{sockdir}/kv"
+    n_blocks = 4 * APPLY_SLICE_BLOCKS + 3
+    ticks = 0
+    runs: list[int] = []
+    async with kv_publisher(ep) as pub, feeding(KvTarget(ep, False, "kv"), pub) as feed:
+        stored_of = feed.index.stored
+
+        def counting(*args: Any, **kw: Any) -> bool:
+            runs.append(ticks)
+            return stored_of(*args, **kw)
+
+        feed.index.stored = counting  # type: ignore[method-assign]
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            await pub.publish(stored(range(1, n_blocks + 1), toks(n_blocks), BS))
+            await feed.until(lambda: matched(feed.index, toks(n_blocks)) == n_blocks)
+            nursery.cancel_scope.cancel()
+        assert len(runs) == 5  # four full slices and the rest
+        # the ticker ran between slices (trio runs a batch's tasks in random order, so two
+        # slices can fall between two ticks)
+        assert max(sum(1 for _ in group) for _, group in itertools.groupby(runs)) <= 2
+        assert matched(feed.index, toks(n_blocks)) == n_blocks
+
+
+async def test_a_bogus_high_sequence_number_does_not_stop_the_feed(sockdir: str) -> None:
+    """One batch with a sequence number far ahead (a corrupt frame, or a publisher's glitch)
+    made every later batch of the real stream a "duplicate": the engine's events were dropped
+    for good and its index froze. After ``RESYNC_AFTER`` batches in a row that are behind, the
+    feed takes the stream as it is: the engine's index is reset and follows it again."""
+    ep = f"ipc://{sockdir}/kv"
+    async with kv_publisher(ep) as pub, feeding(KvTarget(ep, False, "kv"), pub) as feed:
+        await pub.publish(stored([1], toks(1), BS))
+        await pub.publish(stored([2], toks(1, start=40), BS), seq=10**12)
+        pub.seq = 1  # the real stream goes on
+        n = RESYNC_AFTER + 2
+        for i in range(n):
+            await pub.publish(stored([100 + i], toks(1, start=1000 + 10 * i), BS))
+        last = toks(1, start=1000 + 10 * (n - 1))
+        await feed.until(lambda: matched(feed.index, last) == 1)
+        assert feed.stats.duplicates == RESYNC_AFTER - 1
+        assert matched(feed.index, toks(1, start=40)) == 0  # the bogus batch's state went

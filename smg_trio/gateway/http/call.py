@@ -16,7 +16,7 @@ import attrs
 import msgspec
 import trio
 from quart import Request, Response
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
 from smg_trio.backend import GatewayBackend, NoWorkerAvailable, ServedModel, WorkerLease
 from smg_trio.connector.client import EngineClient
@@ -42,6 +42,7 @@ from smg_trio.gateway.openai.schemas import decode_body
 from smg_trio.routing.cache_aware import RouteRequest
 
 __all__ = [
+    "BODY_RESERVE_STEP",
     "JSON_TYPE",
     "SSE_HEADERS",
     "HUGE_RENDER_TOKENS",
@@ -79,6 +80,10 @@ _ABORT_CODES = frozenset({None, "client_disconnected", "engine_aborted", "draini
 #: round trip would cost more than the work. Measured in docs/performance.md: an 8 KiB prompt
 #: renders and encodes in about 3-5 ms, a 1 MiB one in about 1 s.
 TOKENIZE_OFFLOAD_BYTES: Final = 8 * 1024
+#: Bytes of the body budget a request reserves before its body arrives, and in steps of which
+#: its reservation grows as the body does: an upload holds what it sent (plus one step), not
+#: what it declared, so slow clients that declare large bodies cannot hold the budget.
+BODY_RESERVE_STEP: Final = 64 * 1024
 #: A whole (non-streamed) response of this many completion tokens or more is built and
 #: encoded in a worker thread: with ``n`` choices and ``top_logprobs`` it can be tens of MB.
 RENDER_OFFLOAD_TOKENS: Final = 2048
@@ -417,11 +422,9 @@ class RequestCall:
     async def _read_decode(self, type_: type[T]) -> T:
         await self._reserve_body()
         try:
-            data = await self.request.get_data(cache=False)
+            data = await self._receive_body()
         except HTTPException as exc:
             raise self.gw.http_error(exc) from None
-        if not isinstance(data, bytes):
-            data = data.encode()
         self.body_bytes = len(data)
         self._reserve_decoded(data)
         return decode_body(data, type_)
@@ -443,13 +446,61 @@ class RequestCall:
         declared = int(length) if length is not None and length.isdigit() else None
         if declared is not None and declared > config.max_body_bytes:
             return  # refused with 413 by the read, before anything is held
-        nbytes = min(config.max_body_bytes if declared is None else declared, budget.limit)
+        nbytes = min(
+            config.max_body_bytes if declared is None else declared,
+            budget.limit,
+            BODY_RESERVE_STEP,
+        )
         if budget.try_reserve(self, nbytes):
             return  # the common case: no schedule point, as the admission gate's
         with trio.move_on_after(config.queue_timeout_s):
             await budget.reserve(self, nbytes)
             return
         raise _over_budget(budget)
+
+    async def _receive_body(self) -> bytes:
+        """The body, read as it arrives within ``body_timeout_s`` (408), at most
+        ``max_body_bytes`` (413), the reservation growing with it (:meth:`_grow`)."""
+        request = self.request
+        if not isinstance(request, Request):
+            return await request.get_data(progress=self._grow)
+        limit = self.gw.config.max_body_bytes
+        timeout = request.body_timeout
+        buf = bytearray()
+        with trio.move_on_after(float("inf") if timeout is None else timeout) as scope:
+            # iterated, Quart's body no longer checks its size: done here
+            async for chunk in request.body:
+                buf += chunk
+                if len(buf) > limit:
+                    raise RequestEntityTooLarge()
+                self._grow(len(buf))
+        if scope.cancelled_caught:
+            raise RequestTimeout()
+        return bytes(buf)
+
+    def _grow(self, size: int) -> None:
+        """``size`` bytes of the body have arrived: keep the reservation ahead of them by
+        :data:`BODY_RESERVE_STEP` (up to the declared length), only while the budget has room
+        now (else 429: a request holding bytes never waits for more; 413 past the whole
+        budget)."""
+        budget = self.gw.body_budget
+        if size <= budget.reserved(self):
+            return
+        if size > budget.limit:
+            raise self._too_large(size)
+        length = self.request.headers.get("content-length")
+        cap = int(length) if length is not None and length.isdigit() else size
+        step = min(max(cap, size), size + BODY_RESERVE_STEP, budget.limit)
+        if not budget.try_resize(self, step) and not budget.try_resize(self, size):
+            raise _over_budget(budget)
+
+    def _too_large(self, need: int) -> ApiError:
+        return ApiError(
+            413,
+            f"the request body would take about {need} bytes decoded, more than this "
+            f"gateway's budget of {self.gw.body_budget.limit} bytes for the requests in flight",
+            code="request_too_large",
+        )
 
     def _reserve_decoded(self, data: bytes) -> None:
         """Make the reservation what the body and its decoded form may take
@@ -460,12 +511,7 @@ class RequestCall:
         budget = self.gw.body_budget
         need = len(data) + decoded_bytes(data)
         if need > budget.limit:
-            raise ApiError(
-                413,
-                f"the request body would take about {need} bytes decoded, more than this "
-                f"gateway's budget of {budget.limit} bytes for the requests in flight",
-                code="request_too_large",
-            )
+            raise self._too_large(need)
         if not budget.try_resize(self, need):
             raise _over_budget(budget)
 

@@ -100,14 +100,17 @@ class AsgiRequest:
         if max_body is not None and length is not None and length.isdigit():
             self._too_large = int(length) > max_body
 
-    async def get_data(self, cache: bool = False) -> bytes:
-        """The whole request body (``cache`` is accepted for Quart compatibility)."""
+    async def get_data(
+        self, cache: bool = False, *, progress: Callable[[int], None] | None = None
+    ) -> bytes:
+        """The whole request body (``cache`` is accepted for Quart compatibility);
+        ``progress`` is told the bytes received so far after each chunk (it may raise)."""
         if self._too_large:
             raise RequestEntityTooLarge()
         if self._body is None:
             timeout = math.inf if self._timeout is None else self._timeout
             with trio.move_on_after(timeout) as scope:
-                self._body = await self._read_body()
+                self._body = await self._read_body(progress)
             if scope.cancelled_caught:
                 raise RequestTimeout()
             direct = DirectWriter.of(self._server_send)
@@ -118,7 +121,7 @@ class AsgiRequest:
         assert self._body is not None
         return self._body
 
-    async def _read_body(self) -> bytes:
+    async def _read_body(self, progress: Callable[[int], None] | None) -> bytes:
         chunks = bytearray()
         while True:
             message = await self._receive()
@@ -131,6 +134,8 @@ class AsgiRequest:
             if self._max_body is not None and len(chunks) > self._max_body:
                 self._too_large = True
                 return b""
+            if progress is not None:
+                progress(len(chunks))
             if not message.get("more_body", False):
                 return bytes(chunks)
 
