@@ -60,6 +60,21 @@ RSS_TARGET_MB = 5.0
 ABORT_WAIT_S = 10.0
 
 
+def sched_ns(pids: list[int]) -> tuple[int, int]:
+    """Nanoseconds on a CPU and waiting on a run queue, summed over every thread of ``pids``
+    (``/proc/<pid>/task/<tid>/schedstat``): a stall the machine's load caused shows as
+    run-queue wait, one the process caused as CPU."""
+    run = wait = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    fields = f.read().split()
+                    run += int(fields[0])
+                    wait += int(fields[1])
+    return run, wait
+
+
 def _read_aborts(path: Path, known: set[str]) -> dict[str, float]:
     """The first receipt time of each request id not in ``known`` (a request the engine is
     told about again, because an output of it was already on the way, counts once)."""
@@ -129,6 +144,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             async with trio.open_nursery() as nursery:
                 for _ in range(args.clients):
                     nursery.start_soon(one)
+            pids = [*tree_pids(proc.pid), mock.pid]
+            gw_before, mock_before = sched_ns(pids[:-1]), sched_ns(pids[-1:])
             t_close = time.time()
             for s in streams:
                 s.socket.close()  # vanish: no read, no shutdown, no goodbye
@@ -137,13 +154,18 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 while len(got) < args.clients:
                     await trio.sleep(0.05)
                     got = _read_aborts(abort_log, known)
+            gw_after, mock_after = sched_ns(pids[:-1]), sched_ns(pids[-1:])
             known |= set(got)
             lost += max(args.clients - len(got), 0)
             round_ms = [(t - t_close) * 1000 for t in got.values()]
             delays_ms += round_ms
             print(
                 f"  round {r + 1}: {len(got)}/{args.clients} ABORTs,"
-                f" p50 {statistics.median(round_ms):.1f} ms, max {max(round_ms):.1f} ms",
+                f" p50 {statistics.median(round_ms):.1f} ms, max {max(round_ms):.1f} ms;"
+                f" until the last: gateway CPU {(gw_after[0] - gw_before[0]) / 1e6:.1f} ms,"
+                f" run-queue wait {(gw_after[1] - gw_before[1]) / 1e6:.1f} ms;"
+                f" mock CPU {(mock_after[0] - mock_before[0]) / 1e6:.1f} ms,"
+                f" wait {(mock_after[1] - mock_before[1]) / 1e6:.1f} ms",
                 flush=True,
             )
             await trio.sleep(0.5)  # let the gateway settle between rounds
