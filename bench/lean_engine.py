@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TextIO
 
 import msgspec
 import zmq
@@ -59,6 +59,9 @@ class LeanEngine:
         self.steps = self.busy_steps = self.tokens = 0
         self.stop = False
         self.cpu0 = 0.0
+        #: ``--add-log``: when each ADD arrived and when its first output was sent
+        self.add_log: TextIO | None = None
+        self.span_of: dict[str, str] = {}
         ctx = zmq.Context.instance()
         self.ctx = ctx
         status = {"local": False, "headless": True, "with_hash_key": False}
@@ -111,6 +114,11 @@ class LeanEngine:
         if n > 1:
             outs.append(last_t[0] + toks[draw(lo, hi)] + last_t[1])
         self.active[r.request_id] = [r.client_index, outs, 0]
+        if self.add_log is not None:  # receipt time and the span id of its traceparent
+            parent = (r.trace_headers or {}).get("traceparent", "")
+            span = parent.split("-")[2] if parent.count("-") == 3 else r.request_id
+            self.span_of[r.request_id] = span
+            self.add_log.write(f"{time.time():.6f} add {span}\n")
 
     def _utility(self, payload: bytes, client: int) -> None:
         _client_index, call_id, method, _args = msgspec.msgpack.decode(payload)
@@ -142,9 +150,12 @@ class LeanEngine:
         self.busy_steps += 1
         by_client: dict[int, list[bytes]] = {}
         done = []
+        first: list[str] = []
         for rid, state in self.active.items():
             client, outs, i = state
             by_client.setdefault(client, []).append(outs[i])
+            if i == 0 and self.add_log is not None:
+                first.append(rid)
             i += 1
             if i == len(outs):
                 done.append(rid)
@@ -156,6 +167,10 @@ class LeanEngine:
             self.tokens += len(outs)
             env = b"\x99\x00" + _array_header(len(outs)) + b"".join(outs) + b"\xc0" + tail
             self.outputs[client].send(env, copy=False)
+        if first and self.add_log is not None:
+            now = time.time()
+            for rid in first:
+                self.add_log.write(f"{now:.6f} first {self.span_of.pop(rid, rid)}\n")
 
     def run(self) -> None:
         self.cpu0 = time.process_time()  # the serving loop's CPU only, not the imports
@@ -187,8 +202,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-range", type=int, nargs=2, default=(259, 518), metavar=("LO", "HI"))
     p.add_argument("--stats-file", type=Path, default=None)
     p.add_argument("--ready-file", type=Path, default=None)
+    p.add_argument(
+        "--add-log",
+        type=Path,
+        default=None,
+        help="log each ADD's receipt and its first output's send (time.time(), span id)",
+    )
     args, _unknown = p.parse_known_args(argv)  # bench/mock.py's other flags: ignored
     engine = LeanEngine(args)
+    if args.add_log is not None:
+        engine.add_log = args.add_log.open("a", buffering=1 << 16)
     if args.ready_file is not None:
         args.ready_file.touch()
 
@@ -200,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine.run()
     finally:
+        if engine.add_log is not None:
+            engine.add_log.close()
         if args.stats_file is not None:
             cpu = time.process_time() - engine.cpu0
             busy = max(engine.busy_steps, 1)
