@@ -212,10 +212,15 @@ def rss_bytes(pids: Sequence[int]) -> int:
     return total
 
 
+#: The engine process :func:`mock_command` starts: ``mock.py`` (the product's trio mock) or
+#: ``lean_engine.py`` (a plain pyzmq loop; bench/engine_check.py).
+ENGINE_SCRIPT = "mock.py"
+
+
 def mock_command(handshake: str, step_ms: float, *extra: str) -> list[str]:
     return [
         sys.executable,
-        str(BENCH_DIR / "mock.py"),
+        str(BENCH_DIR / ENGINE_SCRIPT),
         "--handshake",
         handshake,
         "--step-ms",
@@ -872,9 +877,12 @@ async def _phase(
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = default_tiny_model_dir()
-    global CLIENT_PROCS
+    global CLIENT_PROCS, ENGINE_SCRIPT
     CLIENT_PROCS = args.client_procs
+    ENGINE_SCRIPT = "lean_engine.py" if args.engine == "lean" else "mock.py"
     names = ["smg_trio"]
+    if os.environ.get("SMG_BENCH_BASE_TREE"):  # another checkout's smg_trio beside it
+        names.append("smg_trio_base")
     if multi_frontend_supported():
         names.append("smg_trio_n2")
     else:
@@ -1001,6 +1009,12 @@ def parser() -> argparse.ArgumentParser:
         default=CLIENT_PROCS,
         help=f"load-client processes per workload (default {CLIENT_PROCS}; the client check "
         "doubles them)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("mock", "lean"),
+        default="mock",
+        help="the engine: bench/mock.py (the product's trio mock) or bench/lean_engine.py",
     )
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     return p

@@ -124,6 +124,7 @@ def targets(data: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
             f"{_num(r, '.2f')}x, {errors} errors{also}",
         )
     )
+    out += round3_targets(data, trio, n2, smg)
     long = data.get("long_prompt", {}).get("prompts", {}).get("8192")
     added = None if long is None else long["added_p99_ms"]
     out.append(
@@ -134,6 +135,81 @@ def targets(data: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
             "not measured" if added is None else f"+{added:.2f} ms",
         )
     )
+    return out
+
+
+def round3_targets(
+    data: dict[str, Any], trio: dict[str, Any], n2: dict[str, Any], smg: dict[str, Any]
+) -> list[tuple[str, bool | None, str]]:
+    """Issue 31's targets: the c=256 client TTFT p99, the N=2/N=1 cost ratio, the F5
+    disconnect soak and the engine check (``bench/run.py`` adds the last two)."""
+    out: list[tuple[str, bool | None, str]] = []
+    w = "stream_c256"
+    for name, row in (("N=1", trio), ("N=2", n2)):
+        r = _ratio(row.get(w, {}).get("ttft_p99_ms"), smg.get(w, {}).get("ttft_p99_ms"))
+        ms = row.get(w, {}).get("ttft_p99_ms")
+        smg_ms = smg.get(w, {}).get("ttft_p99_ms")
+        out.append(
+            _target(
+                f"c=256 streaming, client TTFT p99: at most 2x smg's ({name})",
+                r,
+                2.0,
+                f"{_num(ms, '.0f')} ms vs smg {_num(smg_ms, '.0f')} ms: {_num(r, '.2f')}x",
+            )
+        )
+    if n2:
+        worst = None
+        cells = []
+        for wl in ("stream_c32", "stream64_c32", "stream_c256"):
+            r = _ratio(
+                n2.get(wl, {}).get("cpu_us_per_token"), trio.get(wl, {}).get("cpu_us_per_token")
+            )
+            cells.append(f"{wl} {_num(r, '.2f')}x")
+            worst = r if worst is None or (r is not None and r > worst) else worst
+        out.append(
+            _target("CPU per token, N=2 / N=1: at most 1.05x", worst, 1.05, ", ".join(cells))
+        )
+        r = _ratio(
+            n2.get("chat_c32", {}).get("cpu_us_per_request"),
+            trio.get("chat_c32", {}).get("cpu_us_per_request"),
+        )
+        out.append(
+            _target("CPU per request, N=2 / N=1: at most 1.1x", r, 1.1, f"{_num(r, '.2f')}x")
+        )
+    soak = data.get("abort_soak")
+    if soak is not None:
+        t, ref = soak.get("smg_trio", {}), soak.get("smg", {})
+        out.append(
+            _target(
+                f"F5 soak ({t.get('clients')} x {t.get('rounds')}): worst ABORT delay at most 20 ms",
+                t.get("max_ms"),
+                20.0,
+                f"max {_num(t.get('max_ms'))} ms, p50 {_num(t.get('p50_ms'))} ms"
+                f" (smg: max {_num(ref.get('max_ms'))}, p50 {_num(ref.get('p50_ms'))})",
+            )
+        )
+        out.append(
+            _target(
+                "F5 soak: RSS after the last round within 5 MB of round 5",
+                t.get("rss_growth_after_round5_mb"),
+                5.0,
+                f"{_num(t.get('rss_growth_after_round5_mb'), '+.1f')} MB"
+                f" (smg: {_num(ref.get('rss_growth_after_round5_mb'), '+.1f')} MB)",
+            )
+        )
+    ec = data.get("engine_check")
+    if ec is not None:
+        out.append(
+            _target(
+                "engine check: smg's c=256 tokens/s rises at most 5% with twice the engine side",
+                ec.get("gain"),
+                0.05,
+                f"lean x1 {_num(ec['lean x1']['tokens_per_s'], '.0f')} -> lean x2"
+                f" {_num(ec['lean x2']['tokens_per_s'], '.0f')} tokens/s"
+                f" ({_num(ec['gain'] * 100, '+.1f')}%); trio mock"
+                f" {_num(ec['mock x1']['tokens_per_s'], '.0f')} tokens/s",
+            )
+        )
     return out
 
 

@@ -4,7 +4,9 @@ One session: smg_trio and the Rust smg 1.13.0 (and, with ``--vllm``, vLLM's own 
 against the same mock engine; req/s, CPU µs per streamed token and per request, added TTFT
 p50/p99 at concurrency 1, 32 and 256, RSS with 1000 concurrent streams; then
 ``bench/long_prompt.py`` (the inter-token gaps of 32 streams while 1k-, 8k- and 32k-token
-prompts arrive). Writes ``docs/perf/gateway.json``, draws ``docs/perf/gateway.png`` and
+prompts arrive); then the F5 disconnect soak (``bench/abort_storm.py``, smg_trio and smg: ABORT
+delays and RSS over 50 rounds) and the engine check (``bench/engine_check.py``: does doubling
+the engine side raise smg's c=256 throughput?). Writes ``docs/perf/gateway.json``, draws ``docs/perf/gateway.png`` and
 regenerates the figures section of ``docs/performance.md``. Prints a table. Not a timed test.
 
     python bench/run.py            # full run, ~6 min on 2 cores
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 if str(BENCH_DIR) not in sys.path:
@@ -44,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             json_path = Path(args[args.index("--json") + 1])
         gateway.run_bench(args)
         add_long_prompt(json_path, prompts=3 if "--quick" in args else 10)
+        add_abort_soak(json_path, rounds=10 if "--quick" in args else 50)
+        add_engine_check(json_path, reps=1 if "--quick" in args else 3)
     report.render(json_path)
     print(f"wrote {json_path}, {report.DEFAULT_PNG} and {report.DEFAULT_MD}")
     return 0
@@ -59,6 +64,36 @@ def add_long_prompt(json_path: Path, *, prompts: int) -> None:
         figures = json.loads(out.read_text())
     data = json.loads(json_path.read_text())
     data["long_prompt"] = {"argv": ["--prompts", str(prompts)], **figures}
+    json_path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _run_json(script: str, *argv: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        cmd = [sys.executable, str(BENCH_DIR / script), *argv, "--json", str(out)]
+        subprocess.run(cmd, check=True)
+        figures: dict[str, Any] = json.loads(out.read_text())
+        return figures
+
+
+def add_abort_soak(json_path: Path, *, rounds: int) -> None:
+    """Run the F5 disconnect soak (``bench/abort_storm.py``: 64 clients vanish mid-stream,
+    ``rounds`` times; ABORT delays and RSS per round) on smg_trio and on smg, one after the
+    other, and keep both under ``abort_soak``."""
+    soak = {}
+    for name in ("smg_trio", "smg"):
+        soak[name] = _run_json("abort_storm.py", "--rounds", str(rounds), "--gateway", name)
+    data = json.loads(json_path.read_text())
+    data["abort_soak"] = soak
+    json_path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def add_engine_check(json_path: Path, *, reps: int) -> None:
+    """Run ``bench/engine_check.py`` (smg's c=256 tokens/s with the trio mock, the lean
+    engine and two lean engines) and keep it under ``engine_check``."""
+    figures = _run_json("engine_check.py", "--reps", str(reps))
+    data = json.loads(json_path.read_text())
+    data["engine_check"] = figures
     json_path.write_text(json.dumps(data, indent=1) + "\n")
 
 

@@ -85,6 +85,11 @@ _OUTPUT_BURST = 16
 #: Ids retired by an abort are remembered so that an engine that registered the request late
 #: (its ABORT raced ahead of registration) is told again when its output shows up.
 _ABORTED_MEMORY = 4096
+#: ... and forgotten this long after their retirement: outputs that raced an ABORT arrive
+#: within an engine step or two, and an output that still comes later is ABORTed anyway as
+#: an id this client does not know. Kept longer, every disconnect storm's ids stayed alive
+#: until 4096 newer ones pushed them out, pinning allocator arenas (RSS grew each storm).
+ABORTED_TTL_S = 5.0
 #: An aborted id's outputs that keep arriving are ABORTed again at most this often: a
 #: restarted frontend finds many output batches of each orphan queued for it, and told again
 #: for every one, the engine got a burst of ABORTs for one request.
@@ -153,9 +158,10 @@ class EngineClient:
             shared_load,
         )
         self._registry: dict[str, _Entry] = {}
-        #: Aborted ids: their engine's identity, and when the engine was last told ABORT
-        #: again for a late output (:data:`REABORT_INTERVAL_S`).
-        self._aborted: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
+        #: Aborted ids, oldest first: their engine's identity, when the engine was last told
+        #: ABORT again for a late output (:data:`REABORT_INTERVAL_S`), and when they were
+        #: retired (forgotten :data:`ABORTED_TTL_S` later).
+        self._aborted: OrderedDict[str, tuple[bytes, float, float]] = OrderedDict()
         self._send_lock = trio.StrictFIFOLock()
         self._silence_timeout_s = silence_timeout_s
         self._grace_s = (
@@ -426,15 +432,32 @@ class EngineClient:
         """Whether to tell the engine ABORT again for an aborted id whose output arrived: not
         within :data:`REABORT_INTERVAL_S` of the last time."""
         now = trio.current_time()
-        if now - self._aborted[request_id][1] < REABORT_INTERVAL_S:
+        _, last, retired = self._aborted[request_id]
+        if now - last < REABORT_INTERVAL_S:
             return False
-        self._aborted[request_id] = (identity, now)
+        self._aborted[request_id] = (identity, now, retired)
         return True
 
     def _remember_aborted(self, request_id: str, identity: bytes) -> None:
-        self._aborted[request_id] = (identity, -math.inf)
-        if len(self._aborted) > _ABORTED_MEMORY:
-            self._aborted.popitem(last=False)
+        aborted = self._aborted
+        now = trio.current_time()
+        aborted.pop(request_id, None)  # re-remembered: to the end, the order stays by age
+        aborted[request_id] = (identity, -math.inf, now)
+        if len(aborted) > _ABORTED_MEMORY:
+            aborted.popitem(last=False)
+        self._expire_aborted(now)
+
+    def _expire_aborted(self, now: float) -> None:
+        """Forget the aborted ids retired more than :data:`ABORTED_TTL_S` before ``now``."""
+        aborted = self._aborted
+        horizon = now - ABORTED_TTL_S
+        while aborted and next(iter(aborted.values()))[2] < horizon:
+            aborted.popitem(last=False)
+
+    @property
+    def aborted_remembered(self) -> int:
+        """How many aborted ids this client still remembers (bounded in size and age)."""
+        return len(self._aborted)
 
     async def _send(self, identity: bytes, frames: list[bytes]) -> None:
         msg = [identity, *frames]
@@ -770,6 +793,8 @@ class EngineClient:
         # output: under a disconnect storm every retired request's in-flight outputs did that,
         # hundreds of sends competing with the ABORTs that mattered).
         reabort: dict[bytes, dict[str, None]] | None = None
+        if self._aborted:
+            self._expire_aborted(trio.current_time())
         for out in batch.outputs:
             entry = registry.get(out.request_id)
             if entry is None:

@@ -296,3 +296,44 @@ async def test_an_abort_group_aborts_every_member_in_one_message(
                 assert not group._members
     finally:
         client_mod.ABORT_GROUP.reset(token)
+
+
+async def test_a_disconnect_storms_aborted_ids_are_forgotten(
+    addresses: WorkerAddresses, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ids retired by abort_nowait are remembered (a late output is ABORTed again), but
+    # only for ABORTED_TTL_S: before, every storm's ids stayed until 4096 newer ones pushed
+    # them out, and the gateway's RSS grew with each storm (bench/abort_storm.py's soak).
+    # With the TTL then set to 0 the next engine batch forgets them all; an output that still
+    # arrives for one of them is ABORTed anyway, as an id this client does not know.
+    engine = RawEngine(addresses.handshake)
+    ids = [f"gone-{i}" for i in range(32)]
+    with trio.fail_after(IO_DEADLINE_S):
+        async with raw_serving(addresses, engine) as client:
+            opened = trio.Semaphore(0)
+            release = trio.Event()
+
+            async def one(rid: str) -> None:
+                async with client.generate(request(rid)):
+                    opened.release()
+                    await release.wait()
+
+            async with trio.open_nursery() as nursery:
+                for rid in ids:
+                    nursery.start_soon(one, rid)
+                for _ in ids:
+                    await opened.acquire()
+                assert sorted([(await _expect(engine, ADD))[0] for _ in ids]) == sorted(ids)
+                client.abort_nowait(ids)  # the storm: every client gone at once
+                assert sorted(await _expect(engine, ABORT)) == sorted(ids)
+                release.set()
+            assert client.inflight_count == 0
+            assert client.aborted_remembered == len(ids)
+            monkeypatch.setattr(client_mod, "ABORTED_TTL_S", 0.0)
+            async with client.generate(request("next", max_tokens=1)) as stream:
+                assert (await _expect(engine, ADD))[0] == "next"
+                await engine.push_vllm(vllm_output("next", [1], 1))
+                assert [o.finish_reason async for o in stream] == ["length"]
+            assert client.aborted_remembered == 0  # the registry of aborted ids is empty again
+            await engine.push_vllm(vllm_output("gone-3", [1]))  # a very late output
+            assert await _expect(engine, ABORT) == ["gone-3"]

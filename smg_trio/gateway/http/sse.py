@@ -136,6 +136,7 @@ class StreamBody(ResponseBody):
             # the head went out as a 200; a client that went away is still a 499
             status = 499 if err.status == 499 else 200
             self._call.close(status, err.detail.code, self._error)
+            _forget_tracebacks(self._error)
         else:
             self._call.close(200)
 
@@ -343,3 +344,25 @@ def sse_whole(call: RequestCall, data: bytes) -> Response:
     (closes the call)."""
     call.close(200)
     return _event_stream(data, call.request_id)
+
+
+def _forget_tracebacks(exc: BaseException) -> None:
+    """Drop the tracebacks of ``exc`` and of the exceptions it chains, once it is reported.
+
+    A stored error's traceback holds the frames it crossed (the output loop's ``_on_ready``,
+    the abort path that woke it), whose ``self`` holds the error again: a reference cycle
+    that kept each failed stream's whole request (about 120 objects) alive until a full
+    collection. After a disconnect storm that collection took hundreds of milliseconds
+    (every ABORT of the round waited for it) and RSS grew with every storm
+    (``bench/abort_storm.py --gc-log``)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += (e.__context__, e.__cause__)
+        if isinstance(e, BaseExceptionGroup):
+            todo += e.exceptions
