@@ -997,6 +997,29 @@ def _is_prefix_of_a_flag(parser: argparse.ArgumentParser, arg: str) -> bool:
     return False
 
 
+def _unknown_hint(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str], unknown: list[str]
+) -> str:
+    """What to write instead of arguments the subcommand does not know: a model given
+    positionally (``vllm serve MODEL``) is ``--model``/``--model-path``; another stray value
+    follows a flag that takes one value (vLLM's ``--api-key K1 K2``); a flag of the engine's
+    goes after ``--``."""
+    first = unknown[0]
+    if not first.startswith("-"):
+        if argv.index(first) == 1 and args.command in ("serve", "launch"):
+            flag = "--model" if args.command == "serve" else "--model-path"
+            return f" (the model is a flag here, not positional as in 'vllm serve MODEL': {flag} {first})"
+        return (
+            f" ({first!r} follows a flag that takes one value; several only where --help shows"
+            " 'X [X ...]'; engine arguments go after '--')"
+        )
+    if args.command == "serve" and not any(
+        u.startswith("--") and _is_prefix_of_a_flag(parser, u.split("=", 1)[0]) for u in unknown
+    ):
+        return f" (engine arguments go after '--': serve ... -- {' '.join(unknown)})"
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -1015,12 +1038,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        hint = ""
-        if args.command == "serve" and not any(
-            u.startswith("--") and _is_prefix_of_a_flag(parser, u.split("=", 1)[0]) for u in unknown
-        ):
-            hint = f" (engine arguments go after '--': serve ... -- {' '.join(unknown)})"
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)}{_unknown_hint(parser, args, argv, unknown)}"
+        )
     if args.command == "version":
         print(__version__)
         return 0

@@ -495,6 +495,32 @@ def test_engine_flag_before_the_separator_gets_a_hint(capsys: pytest.CaptureFixt
     assert "engine arguments go after '--'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        # vLLM's positional model is --model here, not an engine argument
+        (["serve", "/tmp/m", "--backend", "mock"], "--model /tmp/m)"),
+        (["launch", "/tmp/m"], "--model-path /tmp/m)"),
+        # vLLM's --api-key takes several keys; this one takes one
+        (
+            ["serve", "--backend", "mock", "--api-key", "a", "b"],
+            "'b' follows a flag that takes one",
+        ),
+    ],
+)
+def test_stray_value_gets_a_hint_not_the_engine_separator(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from smg_trio.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert "serve ... --" not in err
+
+
 def test_limit_flags_reach_the_gateway_config(monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue-18 limits: defaults from one place, flags and SMG_TRIO_* env both work."""
     from smg_trio.gateway.config import GatewayHttpConfig
