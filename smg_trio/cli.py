@@ -251,8 +251,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--otlp-traces-endpoint",
         metavar="URL",
         help="export a span per inference request over OTLP to URL (vLLM's flag; gRPC, or "
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); needs smg_trio[otel] "
-        "(docs/observability.md)",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); needs the otel extra, "
+        "pip install -e '.[otel]' (docs/observability.md)",
     )
     g.add_argument(
         "--enable-http2",
@@ -825,7 +825,9 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             _usage_error(str(exc))
     tracing = args.otlp_traces_endpoint is not None
     if tracing and importlib.util.find_spec("opentelemetry.sdk") is None:
-        _usage_error("--otlp-traces-endpoint needs OpenTelemetry: pip install 'smg_trio[otel]'")
+        from smg_trio.gateway.http.tracing import OTEL_MISSING_MESSAGE
+
+        _usage_error(OTEL_MISSING_MESSAGE)
     protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
     if tracing and protocol not in ("grpc", "http/protobuf"):
         _usage_error(

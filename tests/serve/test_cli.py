@@ -521,6 +521,27 @@ def test_stray_value_gets_a_hint_not_the_engine_separator(
     assert "serve ... --" not in err
 
 
+def test_tracing_without_opentelemetry_says_how_to_install_it_from_the_checkout(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README installs smg_trio from its checkout (``pip install -e .``): the usage error
+    names the extra as that user installs it, not a ``smg_trio[otel]`` from an index."""
+    import importlib.util
+
+    from smg_trio.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.startswith("opentelemetry") else real(name, *a),
+    )
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--backend", "mock", "--otlp-traces-endpoint", "http://127.0.0.1:4317"])
+    assert exc.value.code == 2
+    assert "pip install -e '.[otel]'" in capsys.readouterr().err
+
+
 def test_limit_flags_reach_the_gateway_config(monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue-18 limits: defaults from one place, flags and SMG_TRIO_* env both work."""
     from smg_trio.gateway.config import GatewayHttpConfig
