@@ -195,7 +195,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--balance-abs-threshold",
         type=_float_range(0.0, float("inf")),
-        default=64.0,
+        default=64,
         help="cache_aware: load goes before the cache once the most and least loaded engines "
         "differ by more than this many requests... (default %(default)s)",
     )
@@ -227,10 +227,16 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="cache_aware: how often the approximate index forgets blocks not routed to in "
         "the last 5 intervals (default %(default)s)",
     )
-    g.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on inference endpoints")
+    g.add_argument(
+        "--api-key",
+        help="require 'Authorization: Bearer KEY' on inference endpoints (one key; vLLM's "
+        "takes several: give more with --api-keys-file or --tenant-api-key)",
+    )
     g.add_argument(
         "--admin-api-key",
-        help="require this bearer key on /workers and /get_loads (default: the --api-key)",
+        help="require this bearer key on the admin routes: /workers, /get_loads and the "
+        "engine control routes (/sleep, /reset_prefix_cache, ...; docs/admin.md) (default: "
+        "the --api-key)",
     )
     g.add_argument(
         "--api-keys-file",
@@ -271,7 +277,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--allow-insecure-admin",
         action="store_true",
         help="without --admin-api-key/--api-key, let anyone who can reach the port add and "
-        "remove workers (single-user development only; default: POST/DELETE /workers get 403)",
+        "remove workers and put engines to sleep (single-user development only; default: the "
+        "admin routes' POST and DELETE get 403)",
     )
     g.add_argument(
         "--allowed-socket-dirs",
@@ -461,8 +468,19 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_SHUTDOWN_GRACE_PERIOD_S,
         help="on SIGINT/SIGTERM, how long in-flight requests may finish (default %(default)s)",
     )
-    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    g.add_argument("--log-format", default="text", choices=["text", "json"])
+    g.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the gateway's log level (as vLLM's --uvicorn-log-level; the engines': "
+        "--engine-log-level) (default %(default)s)",
+    )
+    g.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text lines, or one JSON object per line (default %(default)s)",
+    )
     g.add_argument("--config", help="a TOML or JSON file of flag values (flag names with _)")
 
 
