@@ -1017,6 +1017,19 @@ def _is_prefix_of_a_flag(parser: argparse.ArgumentParser, arg: str) -> bool:
     return False
 
 
+def _subcommand_with_flag(parser: argparse.ArgumentParser, flag: str, command: str) -> str | None:
+    """The other subcommand (``serve``, ``launch``) that has exactly ``flag``, if one has."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        for name, sub in getattr(action, "choices", {}).items():
+            if (
+                name != command
+                and name in ("serve", "launch")
+                and flag in sub._option_string_actions
+            ):
+                return str(name)
+    return None
+
+
 def _unknown_hint(
     parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str], unknown: list[str]
 ) -> str:
@@ -1033,6 +1046,13 @@ def _unknown_hint(
             f" ({first!r} follows a flag that takes one value; several only where --help shows"
             " 'X [X ...]'; engine arguments go after '--')"
         )
+    flag = first.split("=", 1)[0]
+    model_flag = {"serve": "--model", "launch": "--model-path"}
+    if flag in ("--model", "--model-path") and args.command in model_flag:
+        return f" ({args.command} names its model with {model_flag[args.command]})"
+    other = _subcommand_with_flag(parser, flag, args.command)
+    if other is not None:
+        return f" ({flag} is a flag of '{other}', not of '{args.command}')"
     if args.command == "serve" and not any(
         u.startswith("--") and _is_prefix_of_a_flag(parser, u.split("=", 1)[0]) for u in unknown
     ):

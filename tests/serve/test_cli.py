@@ -506,6 +506,10 @@ def test_engine_flag_before_the_separator_gets_a_hint(capsys: pytest.CaptureFixt
             ["serve", "--backend", "mock", "--api-key", "a", "b"],
             "'b' follows a flag that takes one",
         ),
+        # serve and launch name the model differently (vLLM's --model, smg's --model-path)
+        (["serve", "--model-path", "/tmp/m"], "serve names its model with --model)"),
+        (["launch", "--model", "/tmp/m"], "launch names its model with --model-path)"),
+        (["launch", "--dp-size", "2"], "--dp-size is a flag of 'serve', not of 'launch'"),
     ],
 )
 def test_stray_value_gets_a_hint_not_the_engine_separator(
