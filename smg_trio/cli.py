@@ -229,8 +229,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--api-key",
-        help="require 'Authorization: Bearer KEY' on inference endpoints (one key; vLLM's "
-        "takes several: give more with --api-keys-file or --tenant-api-key)",
+        help="require 'Authorization: Bearer KEY' on inference endpoints (default: "
+        "$VLLM_API_KEY, else none). One key; vLLM's takes several: give more with "
+        "--api-keys-file or --tenant-api-key",
     )
     g.add_argument(
         "--admin-api-key",
@@ -771,6 +772,17 @@ def _scheduling_policy_args(policy: str | None, backend: str, engine_args: list[
     return ["--scheduling-policy", policy]
 
 
+def _api_key(flag_value: str | None) -> str | None:
+    """``--api-key`` (command line, ``SMG_TRIO_API_KEY``, config file), else vLLM's
+    ``VLLM_API_KEY``: a server moved from ``vllm serve`` keeps its key instead of opening up."""
+    if flag_value is not None:
+        return flag_value
+    vllm_key = os.environ.get("VLLM_API_KEY") or None
+    if vllm_key is not None:
+        log.info("--api-key: taken from VLLM_API_KEY (vLLM's variable)")
+    return vllm_key
+
+
 def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 
@@ -786,7 +798,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "block_size": args.block_size,
         "max_tree_size": args.max_tree_size,
         "eviction_interval_s": args.eviction_interval_secs,
-        "api_key": args.api_key,
+        "api_key": _api_key(args.api_key),
         "admin_api_key": args.admin_api_key,
         "otlp_traces_endpoint": args.otlp_traces_endpoint,
         "api_keys_file": args.api_keys_file,

@@ -546,6 +546,23 @@ def test_tracing_without_opentelemetry_says_how_to_install_it_from_the_checkout(
     assert "pip install -e '.[otel]'" in capsys.readouterr().err
 
 
+def test_vllm_api_key_variable_is_the_last_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server moved from ``vllm serve`` with ``VLLM_API_KEY`` set stays protected; the
+    gateway's own spellings win over it."""
+    monkeypatch.setenv("VLLM_API_KEY", "from-vllm")
+    args = _args(["serve", "--backend", "mock"])
+    assert cli._config_from_args(args, []).api_key == "from-vllm"  # type: ignore[arg-type]
+    monkeypatch.setenv("SMG_TRIO_API_KEY", "from-env")
+    args = _args(["serve", "--backend", "mock"])
+    assert cli._config_from_args(args, []).api_key == "from-env"  # type: ignore[arg-type]
+    args = _args(["serve", "--backend", "mock", "--api-key", "from-flag"])
+    assert cli._config_from_args(args, []).api_key == "from-flag"  # type: ignore[arg-type]
+    monkeypatch.delenv("VLLM_API_KEY")
+    monkeypatch.delenv("SMG_TRIO_API_KEY")
+    args = _args(["serve", "--backend", "mock"])
+    assert cli._config_from_args(args, []).api_key is None  # type: ignore[arg-type]
+
+
 def test_limit_flags_reach_the_gateway_config(monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue-18 limits: defaults from one place, flags and SMG_TRIO_* env both work."""
     from smg_trio.gateway.config import GatewayHttpConfig
