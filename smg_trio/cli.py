@@ -108,7 +108,8 @@ def _float_range(low: float, high: float) -> Callable[[str], float]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         if not low <= value <= high or value != value or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {text}")
+            bound = f"at least {low}" if high == float("inf") else f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
         return value
 
     return parse

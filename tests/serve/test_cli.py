@@ -546,6 +546,23 @@ def test_tracing_without_opentelemetry_says_how_to_install_it_from_the_checkout(
     assert "pip install -e '.[otel]'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--balance-rel-threshold", "0.5"], "must be a finite number at least 1.0, got 0.5"),
+        (["--balance-abs-threshold", "inf"], "must be a finite number at least 0.0, got inf"),
+        (["--cache-threshold", "1.5"], "must be a finite number between 0.0 and 1.0, got 1.5"),
+    ],
+)
+def test_routing_knob_out_of_range_names_the_range(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No 'between 1.0 and inf' for a bound that has no top."""
+    with pytest.raises(SystemExit):
+        _args(["serve", "--backend", "mock", *argv])
+    assert needle in capsys.readouterr().err
+
+
 def test_vllm_api_key_variable_is_the_last_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """A server moved from ``vllm serve`` with ``VLLM_API_KEY`` set stays protected; the
     gateway's own spellings win over it."""
