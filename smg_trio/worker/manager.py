@@ -549,7 +549,13 @@ class WorkerManager:
     def readiness(self) -> Readiness:
         total = len(self.registry)
         healthy = sum(1 for w in self.registry if w.healthy)
-        return Readiness.evaluate(draining=self._draining, healthy=healthy, total=total)
+        verdict = Readiness.evaluate(draining=self._draining, healthy=healthy, total=total)
+        held = sorted({w.held for w in self.registry if w.held is not None})
+        if verdict.reason == "insufficient healthy workers" and held:
+            # put to sleep or paused over the engine control routes: say so, and how back
+            reason = f"{verdict.reason} (held {' or '.join(held)}: POST /wake_up or /resume)"
+            return attrs.evolve(verdict, reason=reason)
+        return verdict
 
     # -- registration --------------------------------------------------------------------
 
