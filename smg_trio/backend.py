@@ -45,6 +45,9 @@ class ServedModel:
     extra_eos_token_ids: list[int] = attrs.field(factory=list)
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
+    #: ``generation_config.json``'s sampling fields, the defaults of requests that leave
+    #: them unset (vLLM's ``--generation-config auto``)
+    sampling_defaults: dict[str, float] = attrs.field(factory=dict)
     created: int = attrs.field(factory=lambda: int(time.time()))
     owned_by: str = "smg_trio"
 

@@ -211,7 +211,7 @@ class FrontendManager(WorkerManager):
     async def _load(self, worker: AttachedWorker) -> None:
         if worker.model_id in self.models:
             return
-        tok, (eos, extra), max_len = await trio.to_thread.run_sync(
+        tok, (eos, extra), max_len, defaults = await trio.to_thread.run_sync(
             _load_model, worker.spec.model_path, self.confinement.model_dirs
         )
         if worker.model_id not in self.models:
@@ -223,6 +223,7 @@ class FrontendManager(WorkerManager):
                 eos_token_id=eos,
                 extra_eos_token_ids=list(extra),
                 reasoning_parser=worker.spec.reasoning_parser,
+                sampling_defaults=defaults,
             )
 
     async def _attach_loop(self, worker: AttachedWorker) -> None:

@@ -35,6 +35,7 @@ from smg_trio.protocol.vllm import VllmProtocol
 from smg_trio.routing.cache_aware import CacheAwareConfig
 from smg_trio.tokenizer.core import Tokenizer, load_model_json
 from smg_trio.tokenizer.eos import resolve_eos
+from smg_trio.tokenizer.generation_config import sampling_defaults
 from smg_trio.tokenizer.hub import HubModelError, is_hub_id, is_revision, resolve_hub_model
 from smg_trio.tokenizer.modeldir import ModelDir
 from smg_trio.transport.handshake import READY_TIMEOUT_S
@@ -340,12 +341,14 @@ def _open_model_dir(path: str | None, roots: Sequence[str]) -> ModelDir:
 
 def _load_model(
     path: str | None, roots: Sequence[str]
-) -> tuple[Tokenizer, tuple[int | None, list[int]], int | None]:
-    """Tokenizer, EOS ids and ``max_position_embeddings`` of a spec's model directory, every
-    file read confined to ``roots`` (blocking I/O: run it in a thread)."""
+) -> tuple[Tokenizer, tuple[int | None, list[int]], int | None, dict[str, float]]:
+    """Tokenizer, EOS ids, ``max_position_embeddings`` and the sampling defaults of
+    ``generation_config.json`` of a spec's model directory, every file read confined to
+    ``roots`` (blocking I/O: run it in a thread)."""
     model_dir = _open_model_dir(path, roots)
     tok = Tokenizer.from_dir(model_dir)
-    return tok, resolve_eos(model_dir, tok), _config_max_len(model_dir)
+    eos = resolve_eos(model_dir, tok)
+    return tok, eos, _config_max_len(model_dir), sampling_defaults(model_dir)
 
 
 def _check_model_files(path: str | None, roots: Sequence[str]) -> None:
@@ -716,7 +719,7 @@ class WorkerManager:
                 self.models.setdefault(worker.model_id, served)
                 return
             # Abandoned on timeout: a wedged filesystem read cannot hold the registration.
-            tok, (eos, extra), max_len = await trio.to_thread.run_sync(
+            tok, (eos, extra), max_len, defaults = await trio.to_thread.run_sync(
                 _load_model,
                 worker.spec.model_path,
                 self.confinement.model_dirs,
@@ -733,6 +736,7 @@ class WorkerManager:
                     extra_eos_token_ids=list(extra),
                     reasoning_parser=worker.spec.reasoning_parser,
                     tool_call_parser=worker.spec.tool_call_parser,
+                    sampling_defaults=defaults,
                 )
 
         async def bind_handshake(ctx: WorkflowContext) -> None:
