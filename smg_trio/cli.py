@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import trio
 
@@ -784,6 +784,40 @@ def _api_key(flag_value: str | None) -> str | None:
     return vllm_key
 
 
+#: vLLM API-server flags with a gateway flag of the same meaning: after '--' the headless
+#: engine would ignore them (or refuse them), so the user meant the gateway's.
+_GATEWAY_OWNED_FLAGS: Final = (
+    "--host", "--port", "--api-key", "--served-model-name", "--api-server-count",
+    "--enable-prompt-tokens-details", "--tool-call-parser", "--enable-auto-tool-choice",
+)  # fmt: skip
+#: vLLM API-server flags smg_trio has no equivalent of: a headless engine ignores them.
+_FRONTEND_ONLY_FLAGS: Final = (
+    "--chat-template", "--chat-template-content-format", "--response-role",
+    "--generation-config", "--uvicorn-log-level", "--root-path", "--allowed-origins",
+    "--ssl-keyfile", "--ssl-certfile", "--return-tokens-as-token-ids",
+    "--enable-force-include-usage", "--max-log-len", "--lora-modules",
+)  # fmt: skip
+
+
+def _check_frontend_flags(engine_args: Sequence[str]) -> None:
+    """Flags of vLLM's API server given after '--': the engine runs headless, smg_trio is
+    its frontend. One the gateway has is a usage error (give it before '--'); one it lacks is
+    a warning, since the engine starts anyway and the flag does nothing."""
+    for arg in engine_args:
+        flag = arg.split("=", 1)[0]
+        if flag in _GATEWAY_OWNED_FLAGS:
+            _usage_error(
+                f"give {flag} before '--': it is the gateway's flag (smg_trio is the API "
+                "server; the engine after '--' runs headless)"
+            )
+        if flag in _FRONTEND_ONLY_FLAGS:
+            log.warning(
+                "%s after '--' does nothing: it is a flag of vLLM's API server, which smg_trio "
+                "replaces (the engine runs headless), and smg_trio has no such flag",
+                flag,
+            )
+
+
 def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 
@@ -871,6 +905,8 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
                 f"give {owned} before '--': the gateway resolves it for its tokenizer and "
                 "passes the engine the same commit"
             )
+    if args.command == "serve" and (args.backend or _default_backend()) != "tokenspeed":
+        _check_frontend_flags(engine_args)
     tok_revision = args.tokenizer_revision or args.revision
     if args.discovery_provider == "file" and not args.discovery_file:
         _usage_error("--discovery-provider file needs --discovery-file FILE")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -561,6 +562,27 @@ def test_routing_knob_out_of_range_names_the_range(
     with pytest.raises(SystemExit):
         _args(["serve", "--backend", "mock", *argv])
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--served-model-name=x", "--port", "--api-key"])
+def test_gateway_flag_after_the_separator_is_refused(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vllm serve's habits: a flag smg_trio's gateway owns, written among the engine's
+    arguments, would be ignored by the headless engine."""
+    args = _args(["serve", "--backend", "mock"])
+    with pytest.raises(SystemExit) as exc:
+        cli._config_from_args(args, [flag, "x"] if "=" not in flag else [flag])  # type: ignore[arg-type]
+    assert exc.value.code == 2
+    assert f"give {flag.split('=')[0]} before '--'" in capsys.readouterr().err
+
+
+def test_frontend_only_flag_after_the_separator_warns(caplog: pytest.LogCaptureFixture) -> None:
+    args = _args(["serve", "--backend", "mock"])
+    with caplog.at_level(logging.WARNING, logger="smg_trio"):
+        cli._config_from_args(args, ["--chat-template", "t.jinja", "--dtype", "float32"])  # type: ignore[arg-type]
+    assert "--chat-template after '--' does nothing" in caplog.text
+    assert "--dtype" not in caplog.text
 
 
 def test_vllm_api_key_variable_is_the_last_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
