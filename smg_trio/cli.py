@@ -498,6 +498,7 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         description="An OpenAI-compatible gateway that drives vLLM and TokenSpeed engines over ZMQ.",
     )
+    p.add_argument("--version", action="version", version=__version__, help="print the version")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser(

@@ -585,6 +585,17 @@ def test_frontend_only_flag_after_the_separator_warns(caplog: pytest.LogCaptureF
     assert "--dtype" not in caplog.text
 
 
+def test_version_flag_as_vllm_has_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """``vllm --version``'s spelling works too (beside the ``version`` subcommand)."""
+    from smg_trio import __version__
+    from smg_trio.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == __version__
+
+
 def test_vllm_api_key_variable_is_the_last_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """A server moved from ``vllm serve`` with ``VLLM_API_KEY`` set stays protected; the
     gateway's own spellings win over it."""
