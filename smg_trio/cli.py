@@ -591,9 +591,16 @@ def _parser() -> argparse.ArgumentParser:
         "--zmq-engine-count",
         type=_int_at_least(1),
         default=1,
-        help="engines (DP ranks) per worker URL",
+        help="engines (DP ranks) per worker URL: the engines' --data-parallel-size "
+        "(default %(default)s)",
     )
-    la.add_argument("--zmq-handshake-address", help="tcp:// handshake override (single worker)")
+    la.add_argument(
+        "--zmq-handshake-address",
+        metavar="tcp://HOST:PORT",
+        help="the handshake address engines dial (their --data-parallel-address and "
+        "--data-parallel-rpc-port), instead of the one derived from the worker URL (a single "
+        "worker only)",
+    )
     _common(la)
 
     sub.add_parser(
