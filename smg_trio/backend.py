@@ -49,6 +49,9 @@ class ServedModel:
     tool_call_parser: str | None = None
     #: Classifier labels and Matryoshka dimensions from ``config.json`` (pooling models).
     pooling: PoolingInfo = attrs.field(factory=PoolingInfo)
+    #: ``generation_config.json``'s sampling fields, the defaults of requests that leave
+    #: them unset (vLLM's ``--generation-config auto``)
+    sampling_defaults: dict[str, float] = attrs.field(factory=dict)
     created: int = attrs.field(factory=lambda: int(time.time()))
     owned_by: str = "smg_trio"
     #: Set on the copy that serves a LoRA adapter: ``model_id`` is then the adapter's name

@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import trio
 
@@ -108,7 +108,8 @@ def _float_range(low: float, high: float) -> Callable[[str], float]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         if not low <= value <= high or value != value or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {text}")
+            bound = f"at least {low}" if high == float("inf") else f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
         return value
 
     return parse
@@ -195,7 +196,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--balance-abs-threshold",
         type=_float_range(0.0, float("inf")),
-        default=64.0,
+        default=64,
         help="cache_aware: load goes before the cache once the most and least loaded engines "
         "differ by more than this many requests... (default %(default)s)",
     )
@@ -227,10 +228,17 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="cache_aware: how often the approximate index forgets blocks not routed to in "
         "the last 5 intervals (default %(default)s)",
     )
-    g.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on inference endpoints")
+    g.add_argument(
+        "--api-key",
+        help="require 'Authorization: Bearer KEY' on inference endpoints (default: "
+        "$VLLM_API_KEY, else none). One key; vLLM's takes several: give more with "
+        "--api-keys-file or --tenant-api-key",
+    )
     g.add_argument(
         "--admin-api-key",
-        help="require this bearer key on /workers and /get_loads (default: the --api-key)",
+        help="require this bearer key on the admin routes: /workers, /get_loads and the "
+        "engine control routes (/sleep, /reset_prefix_cache, ...; docs/admin.md) (default: "
+        "the --api-key)",
     )
     g.add_argument(
         "--api-keys-file",
@@ -251,8 +259,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--otlp-traces-endpoint",
         metavar="URL",
         help="export a span per inference request over OTLP to URL (vLLM's flag; gRPC, or "
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); needs smg_trio[otel] "
-        "(docs/observability.md)",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); needs the otel extra, "
+        "pip install -e '.[otel]' (docs/observability.md)",
     )
     g.add_argument(
         "--enable-http2",
@@ -271,7 +279,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--allow-insecure-admin",
         action="store_true",
         help="without --admin-api-key/--api-key, let anyone who can reach the port add and "
-        "remove workers (single-user development only; default: POST/DELETE /workers get 403)",
+        "remove workers and put engines to sleep (single-user development only; default: the "
+        "admin routes' POST and DELETE get 403)",
     )
     g.add_argument(
         "--allowed-socket-dirs",
@@ -512,8 +521,19 @@ def _common(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="CORS: allow credentials (cookies, auth) cross-origin, as vLLM's flag",
     )
-    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    g.add_argument("--log-format", default="text", choices=["text", "json"])
+    g.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the gateway's log level (as vLLM's --uvicorn-log-level; the engines': "
+        "--engine-log-level) (default %(default)s)",
+    )
+    g.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text lines, or one JSON object per line (default %(default)s)",
+    )
     g.add_argument("--config", help="a TOML or JSON file of flag values (flag names with _)")
 
 
@@ -529,6 +549,7 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         description="An OpenAI-compatible gateway that drives vLLM and TokenSpeed engines over ZMQ.",
     )
+    p.add_argument("--version", action="version", version=__version__, help="print the version")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser(
@@ -657,9 +678,16 @@ def _parser() -> argparse.ArgumentParser:
         "--zmq-engine-count",
         type=_int_at_least(1),
         default=1,
-        help="engines (DP ranks) per worker URL",
+        help="engines (DP ranks) per worker URL: the engines' --data-parallel-size "
+        "(default %(default)s)",
     )
-    la.add_argument("--zmq-handshake-address", help="tcp:// handshake override (single worker)")
+    la.add_argument(
+        "--zmq-handshake-address",
+        metavar="tcp://HOST:PORT",
+        help="the handshake address engines dial (their --data-parallel-address and "
+        "--data-parallel-rpc-port), instead of the one derived from the worker URL (a single "
+        "worker only)",
+    )
     _common(la)
 
     sub.add_parser(
@@ -929,6 +957,53 @@ def _lora_args(
     return (flags if backend in ("vllm", "mock") else []), rank
 
 
+def _api_key(flag_value: str | None) -> str | None:
+    """``--api-key`` (command line, ``SMG_TRIO_API_KEY``, config file), else vLLM's
+    ``VLLM_API_KEY``: a server moved from ``vllm serve`` keeps its key instead of opening up."""
+    if flag_value is not None:
+        return flag_value
+    vllm_key = os.environ.get("VLLM_API_KEY") or None
+    if vllm_key is not None:
+        log.info("--api-key: taken from VLLM_API_KEY (vLLM's variable)")
+    return vllm_key
+
+
+#: vLLM API-server flags with a gateway flag of the same meaning: after '--' the headless
+#: engine would ignore them (or refuse them), so the user meant the gateway's.
+_GATEWAY_OWNED_FLAGS: Final = (
+    "--host", "--port", "--api-key", "--served-model-name", "--api-server-count",
+    "--enable-prompt-tokens-details", "--tool-call-parser", "--enable-auto-tool-choice",
+    "--chat-template", "--chat-template-content-format", "--allowed-origins",
+    "--allowed-methods", "--allowed-headers", "--allow-credentials", "--enable-log-requests",
+    "--max-log-len", "--lora-modules",
+)  # fmt: skip
+#: vLLM API-server flags smg_trio has no equivalent of: a headless engine ignores them.
+_FRONTEND_ONLY_FLAGS: Final = (
+    "--response-role", "--generation-config", "--uvicorn-log-level", "--root-path",
+    "--ssl-keyfile", "--ssl-certfile", "--return-tokens-as-token-ids",
+    "--enable-force-include-usage",
+)  # fmt: skip
+
+
+def _check_frontend_flags(engine_args: Sequence[str]) -> None:
+    """Flags of vLLM's API server given after '--': the engine runs headless, smg_trio is
+    its frontend. One the gateway has is a usage error (give it before '--'); one it lacks is
+    a warning, since the engine starts anyway and the flag does nothing."""
+    for arg in engine_args:
+        flag = arg.split("=", 1)[0]
+        if flag in _GATEWAY_OWNED_FLAGS:
+            _usage_error(
+                f"give {flag} before '--': it is the gateway's flag (smg_trio is the API "
+                "server; the engine after '--' runs headless)"
+            )
+        if flag in _FRONTEND_ONLY_FLAGS:
+            log.warning(
+                "%s after '--' does nothing: it is a flag of vLLM's API server, which smg_trio "
+                "replaces (the engine runs headless), and smg_trio has no such flag",
+                flag,
+            )
+
+
 def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
     from smg_trio.serve.config import EngineLaunchConfig, GatewayConfig
 
@@ -944,7 +1019,7 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "block_size": args.block_size,
         "max_tree_size": args.max_tree_size,
         "eviction_interval_s": args.eviction_interval_secs,
-        "api_key": args.api_key,
+        "api_key": _api_key(args.api_key),
         "admin_api_key": args.admin_api_key,
         "otlp_traces_endpoint": args.otlp_traces_endpoint,
         "api_keys_file": args.api_keys_file,
@@ -1011,7 +1086,9 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
             _usage_error(str(exc))
     tracing = args.otlp_traces_endpoint is not None
     if tracing and importlib.util.find_spec("opentelemetry.sdk") is None:
-        _usage_error("--otlp-traces-endpoint needs OpenTelemetry: pip install 'smg_trio[otel]'")
+        from smg_trio.gateway.http.tracing import OTEL_MISSING_MESSAGE
+
+        _usage_error(OTEL_MISSING_MESSAGE)
     protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
     if tracing and protocol not in ("grpc", "http/protobuf"):
         _usage_error(
@@ -1024,6 +1101,8 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
                 f"give {owned} before '--': the gateway resolves it for its tokenizer and "
                 "passes the engine the same commit"
             )
+    if args.command == "serve" and (args.backend or _default_backend()) != "tokenspeed":
+        _check_frontend_flags(engine_args)
     tok_revision = args.tokenizer_revision or args.revision
     if args.discovery_provider == "file" and not args.discovery_file:
         _usage_error("--discovery-provider file needs --discovery-file FILE")
@@ -1193,6 +1272,49 @@ def _is_prefix_of_a_flag(parser: argparse.ArgumentParser, arg: str) -> bool:
     return False
 
 
+def _subcommand_with_flag(parser: argparse.ArgumentParser, flag: str, command: str) -> str | None:
+    """The other subcommand (``serve``, ``launch``) that has exactly ``flag``, if one has."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        for name, sub in getattr(action, "choices", {}).items():
+            if (
+                name != command
+                and name in ("serve", "launch")
+                and flag in sub._option_string_actions
+            ):
+                return str(name)
+    return None
+
+
+def _unknown_hint(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str], unknown: list[str]
+) -> str:
+    """What to write instead of arguments the subcommand does not know: a model given
+    positionally (``vllm serve MODEL``) is ``--model``/``--model-path``; another stray value
+    follows a flag that takes one value (vLLM's ``--api-key K1 K2``); a flag of the engine's
+    goes after ``--``."""
+    first = unknown[0]
+    if not first.startswith("-"):
+        if argv.index(first) == 1 and args.command in ("serve", "launch"):
+            flag = "--model" if args.command == "serve" else "--model-path"
+            return f" (the model is a flag here, not positional as in 'vllm serve MODEL': {flag} {first})"
+        return (
+            f" ({first!r} follows a flag that takes one value; several only where --help shows"
+            " 'X [X ...]'; engine arguments go after '--')"
+        )
+    flag = first.split("=", 1)[0]
+    model_flag = {"serve": "--model", "launch": "--model-path"}
+    if flag in ("--model", "--model-path") and args.command in model_flag:
+        return f" ({args.command} names its model with {model_flag[args.command]})"
+    other = _subcommand_with_flag(parser, flag, args.command)
+    if other is not None:
+        return f" ({flag} is a flag of '{other}', not of '{args.command}')"
+    if args.command == "serve" and not any(
+        u.startswith("--") and _is_prefix_of_a_flag(parser, u.split("=", 1)[0]) for u in unknown
+    ):
+        return f" (engine arguments go after '--': serve ... -- {' '.join(unknown)})"
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -1211,12 +1333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        hint = ""
-        if args.command == "serve" and not any(
-            u.startswith("--") and _is_prefix_of_a_flag(parser, u.split("=", 1)[0]) for u in unknown
-        ):
-            hint = f" (engine arguments go after '--': serve ... -- {' '.join(unknown)})"
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)}{_unknown_hint(parser, args, argv, unknown)}"
+        )
     if args.command == "version":
         print(__version__)
         return 0

@@ -55,10 +55,12 @@ def parse_worker_spec(body: Any, what: str = "the request body") -> WorkerSpec:
     return WorkerSpec(**kwargs)
 
 
-#: The 403 of a worker-changing request when no admin key is set.
+#: The 403 of a changing admin request (``/workers``, engine control) when no admin key is
+#: set; ``{route}`` is the method and path, so the message fits ``/sleep`` as well as
+#: ``/workers``.
 NO_ADMIN_KEY_MESSAGE = (
-    "changing workers needs an admin key: set --admin-api-key (or --api-key), or "
-    "--allow-insecure-admin for single-user development"
+    "{route} is an admin route and needs an admin key: set --admin-api-key (or --api-key), "
+    "or --allow-insecure-admin for single-user development"
 )
 
 
@@ -77,7 +79,9 @@ def admin_blueprint(
         if expected is None:
             if allow_insecure or request.method in ("GET", "HEAD", "OPTIONS"):
                 return None
-            return _error(ApiError(403, NO_ADMIN_KEY_MESSAGE, code="admin_api_disabled"))
+            route = f"{request.method} {request.path}"
+            message = NO_ADMIN_KEY_MESSAGE.format(route=route)
+            return _error(ApiError(403, message, code="admin_api_disabled"))
         if bearer_matches(request.headers.get("Authorization", ""), expected):
             return None
         resp = _error(ApiError(401, "invalid or missing admin API key", code="invalid_api_key"))

@@ -213,7 +213,7 @@ class FrontendManager(WorkerManager):
     async def _load(self, worker: AttachedWorker) -> None:
         if worker.model_id in self.models:
             return
-        tok, (eos, extra), max_len, pooling = await trio.to_thread.run_sync(
+        tok, (eos, extra), max_len, pooling, defaults = await trio.to_thread.run_sync(
             _load_model,
             worker.spec.model_path,
             self.confinement.model_dirs,
@@ -230,6 +230,7 @@ class FrontendManager(WorkerManager):
                 extra_eos_token_ids=list(extra),
                 reasoning_parser=worker.spec.reasoning_parser,
                 pooling=pooling,
+                sampling_defaults=defaults,
             )
 
     async def _attach_loop(self, worker: AttachedWorker) -> None:

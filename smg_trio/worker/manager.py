@@ -37,6 +37,7 @@ from smg_trio.protocol.vllm import VllmProtocol
 from smg_trio.routing.cache_aware import CacheAwareConfig
 from smg_trio.tokenizer.core import Tokenizer, load_model_json
 from smg_trio.tokenizer.eos import resolve_eos
+from smg_trio.tokenizer.generation_config import sampling_defaults
 from smg_trio.tokenizer.hub import HubModelError, is_hub_id, is_revision, resolve_hub_model
 from smg_trio.tokenizer.modeldir import ModelDir
 from smg_trio.tokenizer.pooling_info import PoolingInfo, read_pooling_info
@@ -347,14 +348,16 @@ def _load_model(
     roots: Sequence[str],
     chat_template: str | None = None,
     content_format: str = "auto",
-) -> tuple[Tokenizer, tuple[int | None, list[int]], int | None, PoolingInfo]:
-    """Tokenizer, EOS ids, ``max_position_embeddings`` and pooling info of a spec's model
-    directory, every file read confined to ``roots`` (blocking I/O: run it in a thread);
-    ``chat_template`` (``--chat-template``'s source) replaces the model's templates."""
+) -> tuple[Tokenizer, tuple[int | None, list[int]], int | None, PoolingInfo, dict[str, float]]:
+    """Tokenizer, EOS ids, ``max_position_embeddings``, pooling info and the sampling
+    defaults of ``generation_config.json`` of a spec's model directory, every file read
+    confined to ``roots`` (blocking I/O: run it in a thread); ``chat_template``
+    (``--chat-template``'s source) replaces the model's templates."""
     model_dir = _open_model_dir(path, roots)
     tok = Tokenizer.from_dir(model_dir, chat_template=chat_template, content_format=content_format)
     info = read_pooling_info(model_dir)
-    return tok, resolve_eos(model_dir, tok), _config_max_len(model_dir), info
+    eos = resolve_eos(model_dir, tok)
+    return tok, eos, _config_max_len(model_dir), info, sampling_defaults(model_dir)
 
 
 def _check_model_files(path: str | None, roots: Sequence[str]) -> None:
@@ -580,7 +583,13 @@ class WorkerManager:
     def readiness(self) -> Readiness:
         total = len(self.registry)
         healthy = sum(1 for w in self.registry if w.healthy)
-        return Readiness.evaluate(draining=self._draining, healthy=healthy, total=total)
+        verdict = Readiness.evaluate(draining=self._draining, healthy=healthy, total=total)
+        held = sorted({w.held for w in self.registry if w.held is not None})
+        if verdict.reason == "insufficient healthy workers" and held:
+            # put to sleep or paused over the engine control routes: say so, and how back
+            reason = f"{verdict.reason} (held {' or '.join(held)}: POST /wake_up or /resume)"
+            return attrs.evolve(verdict, reason=reason)
+        return verdict
 
     # -- registration --------------------------------------------------------------------
 
@@ -741,7 +750,7 @@ class WorkerManager:
                 self.models.setdefault(worker.model_id, served)
                 return
             # Abandoned on timeout: a wedged filesystem read cannot hold the registration.
-            tok, (eos, extra), max_len, pooling = await trio.to_thread.run_sync(
+            tok, (eos, extra), max_len, pooling, defaults = await trio.to_thread.run_sync(
                 _load_model,
                 worker.spec.model_path,
                 self.confinement.model_dirs,
@@ -761,6 +770,7 @@ class WorkerManager:
                     reasoning_parser=worker.spec.reasoning_parser,
                     tool_call_parser=worker.spec.tool_call_parser,
                     pooling=pooling,
+                    sampling_defaults=defaults,
                 )
 
         async def bind_handshake(ctx: WorkflowContext) -> None:

@@ -451,6 +451,24 @@ async def test_sampling_fields_reach_the_vllm_wire(harness: HarnessFactory, tok:
             assert h.engine.requests[-1].raw.data_parallel_rank == 0
 
 
+async def test_generation_config_defaults_fill_the_unset_fields(
+    harness: HarnessFactory, tok: Any
+) -> None:
+    """As vLLM's server (--generation-config auto): the model's generation_config.json
+    sampling fields are the defaults of a request that leaves them unset; the request's own
+    values win."""
+    defaults = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "repetition_penalty": 1.05}
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "a")) as h:
+            h.served.sampling_defaults = dict(defaults)
+            assert (await h.chat(max_tokens=2)).status_code == 200
+            sp = h.engine.requests[-1].raw.sampling_params
+            assert {k: sp[k] for k in defaults} == defaults
+            assert (await h.chat(max_tokens=2, temperature=0.0, top_k=5)).status_code == 200
+            sp = h.engine.requests[-1].raw.sampling_params
+            assert (sp["temperature"], sp["top_k"], sp["top_p"]) == (0.0, 5, 0.95)
+
+
 async def test_sampling_fields_reach_the_tokenspeed_wire(harness: HarnessFactory, tok: Any) -> None:
     with trio.fail_after(DEADLINE_S):
         async with harness(plan=lambda r: steps_of(tok, "a"), protocol="tokenspeed") as h:

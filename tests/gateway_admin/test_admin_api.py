@@ -313,7 +313,12 @@ async def test_no_admin_key_reading_is_open_changing_is_403(
                 kw: dict[str, Any] = {"json": body(ns, "a", model_dir)} if method == "POST" else {}
                 resp = await http.request(method, path, **kw)
                 err = assert_envelope(
-                    resp, 403, "--admin-api-key", "--api-key", "--allow-insecure-admin"
+                    resp,
+                    403,
+                    f"{method} {path} is an admin route",
+                    "--admin-api-key",
+                    "--api-key",
+                    "--allow-insecure-admin",
                 )
                 assert err["type"] == "permission_error"
                 assert err["code"] == "admin_api_disabled"

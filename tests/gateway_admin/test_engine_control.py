@@ -133,7 +133,9 @@ async def test_sleeping_worker_gets_503_then_serves_after_wake_up(
             err = assert_error(resp, 503, "sleeping")
             assert err["code"] == "service_unavailable"
             assert resp.headers["retry-after"] == "1"
-            assert (await c.http.get("/readiness")).status_code == 503
+            resp = await c.http.get("/readiness")
+            assert resp.status_code == 503
+            assert "held sleeping: POST /wake_up" in resp.json()["reason"]
             assert (await c.http.get("/workers")).json()["workers"][0]["held"] == "sleeping"
 
             resp = await c.http.post("/wake_up", params=[("tags", "weights"), ("tags", "kv_cache")])
@@ -162,6 +164,7 @@ async def test_pause_and_resume(ns: IpcNamespace, model_dir: Path) -> None:
             assert c.engines[0].utility.calls[-1] == ("pause_scheduler", ["keep", False])
             assert (await c.http.get("/is_paused")).json()["is_paused"] is True
             assert_error(await c.chat(), 503, "paused")
+            assert "held paused" in (await c.http.get("/readiness")).json()["reason"]
             assert (await c.http.post("/resume")).json() == {"status": "resumed"}
             assert (await c.http.get("/is_paused")).json()["is_paused"] is False
             assert (await c.chat()).status_code == 200

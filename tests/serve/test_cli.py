@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -493,6 +494,123 @@ def test_engine_flag_before_the_separator_gets_a_hint(capsys: pytest.CaptureFixt
         main(["serve", "--backend", "mock", "--tensor-parallel-size", "2"])
     assert exc.value.code == 2
     assert "engine arguments go after '--'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        # vLLM's positional model is --model here, not an engine argument
+        (["serve", "/tmp/m", "--backend", "mock"], "--model /tmp/m)"),
+        (["launch", "/tmp/m"], "--model-path /tmp/m)"),
+        # vLLM's --api-key takes several keys; this one takes one
+        (
+            ["serve", "--backend", "mock", "--api-key", "a", "b"],
+            "'b' follows a flag that takes one",
+        ),
+        # serve and launch name the model differently (vLLM's --model, smg's --model-path)
+        (["serve", "--model-path", "/tmp/m"], "serve names its model with --model)"),
+        (["launch", "--model", "/tmp/m"], "launch names its model with --model-path)"),
+        (["launch", "--dp-size", "2"], "--dp-size is a flag of 'serve', not of 'launch'"),
+    ],
+)
+def test_stray_value_gets_a_hint_not_the_engine_separator(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from smg_trio.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert "serve ... --" not in err
+
+
+def test_tracing_without_opentelemetry_says_how_to_install_it_from_the_checkout(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README installs smg_trio from its checkout (``pip install -e .``): the usage error
+    names the extra as that user installs it, not a ``smg_trio[otel]`` from an index."""
+    import importlib.util
+
+    from smg_trio.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.startswith("opentelemetry") else real(name, *a),
+    )
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--backend", "mock", "--otlp-traces-endpoint", "http://127.0.0.1:4317"])
+    assert exc.value.code == 2
+    assert "pip install -e '.[otel]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--balance-rel-threshold", "0.5"], "must be a finite number at least 1.0, got 0.5"),
+        (["--balance-abs-threshold", "inf"], "must be a finite number at least 0.0, got inf"),
+        (["--cache-threshold", "1.5"], "must be a finite number between 0.0 and 1.0, got 1.5"),
+    ],
+)
+def test_routing_knob_out_of_range_names_the_range(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No 'between 1.0 and inf' for a bound that has no top."""
+    with pytest.raises(SystemExit):
+        _args(["serve", "--backend", "mock", *argv])
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--served-model-name=x", "--port", "--api-key"])
+def test_gateway_flag_after_the_separator_is_refused(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vllm serve's habits: a flag smg_trio's gateway owns, written among the engine's
+    arguments, would be ignored by the headless engine."""
+    args = _args(["serve", "--backend", "mock"])
+    with pytest.raises(SystemExit) as exc:
+        cli._config_from_args(args, [flag, "x"] if "=" not in flag else [flag])  # type: ignore[arg-type]
+    assert exc.value.code == 2
+    assert f"give {flag.split('=')[0]} before '--'" in capsys.readouterr().err
+
+
+def test_frontend_only_flag_after_the_separator_warns(caplog: pytest.LogCaptureFixture) -> None:
+    args = _args(["serve", "--backend", "mock"])
+    with caplog.at_level(logging.WARNING, logger="smg_trio"):
+        cli._config_from_args(args, ["--chat-template", "t.jinja", "--dtype", "float32"])  # type: ignore[arg-type]
+    assert "--chat-template after '--' does nothing" in caplog.text
+    assert "--dtype" not in caplog.text
+
+
+def test_version_flag_as_vllm_has_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """``vllm --version``'s spelling works too (beside the ``version`` subcommand)."""
+    from smg_trio import __version__
+    from smg_trio.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == __version__
+
+
+def test_vllm_api_key_variable_is_the_last_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server moved from ``vllm serve`` with ``VLLM_API_KEY`` set stays protected; the
+    gateway's own spellings win over it."""
+    monkeypatch.setenv("VLLM_API_KEY", "from-vllm")
+    args = _args(["serve", "--backend", "mock"])
+    assert cli._config_from_args(args, []).api_key == "from-vllm"  # type: ignore[arg-type]
+    monkeypatch.setenv("SMG_TRIO_API_KEY", "from-env")
+    args = _args(["serve", "--backend", "mock"])
+    assert cli._config_from_args(args, []).api_key == "from-env"  # type: ignore[arg-type]
+    args = _args(["serve", "--backend", "mock", "--api-key", "from-flag"])
+    assert cli._config_from_args(args, []).api_key == "from-flag"  # type: ignore[arg-type]
+    monkeypatch.delenv("VLLM_API_KEY")
+    monkeypatch.delenv("SMG_TRIO_API_KEY")
+    args = _args(["serve", "--backend", "mock"])
+    assert cli._config_from_args(args, []).api_key is None  # type: ignore[arg-type]
 
 
 def test_limit_flags_reach_the_gateway_config(monkeypatch: pytest.MonkeyPatch) -> None:

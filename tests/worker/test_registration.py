@@ -236,3 +236,25 @@ async def test_inconsistent_dp_group_fails_and_the_failure_step_cleans_up(
         assert job.steps["handshake"] == "succeeded"
         assert job.steps["cleanup"] == "succeeded"
         await assert_cleaned_up(manager, ns, spec)
+
+
+async def test_registration_reads_the_sampling_defaults(
+    ns: IpcNamespace, model_dir: Path, tmp_path: Path
+) -> None:
+    """The model's generation_config.json sampling fields become its requests' defaults, as
+    vLLM's server applies them (tests/gateway/test_gateway_chat.py checks the wire)."""
+    import json
+    import shutil
+
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    gen = json.loads((copy / "generation_config.json").read_text())
+    (copy / "generation_config.json").write_text(json.dumps({**gen, "temperature": 0.6}))
+    async with open_manager() as (manager, nursery):
+        spec = make_spec(ns, "a", copy)
+        job = manager.add_worker(spec)
+        with trio.fail_after(DEADLINE_S):
+            await start_engine(nursery, spec)
+            await wait_done(job)
+        assert job.status == "succeeded", job.error
+        assert manager.models["m"].sampling_defaults == {"temperature": 0.6}

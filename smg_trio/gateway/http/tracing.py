@@ -275,6 +275,14 @@ class Tracing:
                 await trio.to_thread.run_sync(self._exporter.shutdown)
 
 
+#: The usage error of ``--otlp-traces-endpoint`` without the OpenTelemetry packages: the
+#: ``otel`` extra, installed the way the README installs smg_trio (from its checkout).
+OTEL_MISSING_MESSAGE = (
+    "--otlp-traces-endpoint needs OpenTelemetry (opentelemetry-sdk and "
+    "opentelemetry-exporter-otlp): pip install -e '.[otel]' in the smg_trio checkout"
+)
+
+
 def _exporter(endpoint: str) -> SpanExporter:
     """vLLM's choice (``vllm/tracing/otel.py``): ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``,
     ``grpc`` (the default) or ``http/protobuf``. gRPC is plaintext unless the endpoint is
@@ -311,11 +319,10 @@ def open_tracing(endpoint: str, *, process: str = "gateway") -> Tracing | None:
     try:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-    except ImportError as exc:
-        raise TracingUnavailable(
-            "--otlp-traces-endpoint needs OpenTelemetry: pip install 'smg_trio[otel]'"
-        ) from exc
-    exporter = _exporter(endpoint)
+
+        exporter = _exporter(endpoint)
+    except ImportError as exc:  # the SDK, or the protocol's exporter
+        raise TracingUnavailable(OTEL_MISSING_MESSAGE) from exc
     resource = Resource.create({"smg_trio.process_kind": process, "process.pid": os.getpid()})
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": "smg_trio"}))

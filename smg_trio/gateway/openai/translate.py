@@ -269,6 +269,10 @@ def check_stream_prompt_logprobs(body: SamplingRequest) -> None:
         raise _bad("prompt_logprobs is not supported with stream=true", "prompt_logprobs")
 
 
+def _or_default(value: float | None, defaults: dict[str, float], name: str) -> float | None:
+    return defaults.get(name) if value is None else value
+
+
 def build_plan(
     body: SamplingRequest,
     served: ServedModel,
@@ -340,16 +344,22 @@ def build_plan(
             hidden.add(served.eos_token_id)
         hidden.update(served.extra_eos_token_ids)
 
+    # vLLM's order: the request's value, else the model's generation_config.json, else the
+    # engine's neutral default (None)
+    defaults = served.sampling_defaults
+    if not caps.min_p:
+        defaults = {k: v for k, v in defaults.items() if k != "min_p"}
+    top_k = body.top_k if body.top_k is not None else defaults.get("top_k")
     sampling = SamplingOptions(
         max_tokens=max_tokens,
         min_tokens=min_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        min_p=body.min_p,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        presence_penalty=body.presence_penalty or 0.0,
-        repetition_penalty=body.repetition_penalty,
+        temperature=_or_default(body.temperature, defaults, "temperature"),
+        top_p=_or_default(body.top_p, defaults, "top_p"),
+        top_k=None if top_k is None else int(top_k),
+        min_p=_or_default(body.min_p, defaults, "min_p"),
+        frequency_penalty=_or_default(body.frequency_penalty, defaults, "frequency_penalty") or 0.0,
+        presence_penalty=_or_default(body.presence_penalty, defaults, "presence_penalty") or 0.0,
+        repetition_penalty=_or_default(body.repetition_penalty, defaults, "repetition_penalty"),
         seed=seed,
         stop_token_ids=stop_ids,
         ignore_eos=ignore_eos,
