@@ -55,7 +55,7 @@ def test_chat_template_arg_is_a_file_or_the_template_inline(tmp_path: Path) -> N
 
 def test_the_override_replaces_the_model_template() -> None:
     model = str(default_tiny_model_dir())
-    tok, _, _ = _load_model(model, [model], "X{{ messages[0]['content'] }}", "string")
+    tok, *_ = _load_model(model, [model], "X{{ messages[0]['content'] }}", "string")
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "Xhi"
     plain = Tokenizer.from_dir(model)
     assert plain.apply_chat_template([{"role": "user", "content": "hi"}]) != "Xhi"
