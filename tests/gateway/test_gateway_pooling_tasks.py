@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import trio
 
+from smg_trio.mock.cli import pooler_of
 from smg_trio.mock.pooling import MockPooler
 from smg_trio.routing.cache_aware import RouteRequest
 from smg_trio.tokenizer.pooling_info import PoolingInfo
@@ -159,3 +160,10 @@ async def test_pooling_leases_with_the_first_items_tokens(
             assert resp.status_code == 200
             assert routes[-1] is not None
             assert routes[-1].session_key == "s"
+
+
+def test_mock_cli_convert_classify_makes_a_cross_encoder() -> None:
+    assert pooler_of("pooling", "score", "classify") == CROSS
+    assert pooler_of("pooling", "neg,pos", "embed") == MockPooler(labels=("neg", "pos"))
+    with pytest.raises(ValueError, match="needs --labels"):
+        pooler_of("pooling", "", "classify")
