@@ -20,6 +20,7 @@ __all__ = [
     "POOLING_TASKS",
     "EngineTasks",
     "learn_tasks",
+    "model_pooling_task",
 ]
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,17 @@ GENERATION_TASKS: frozenset[str] = frozenset({"generate", "transcription", "real
 POOLING_TASKS: frozenset[str] = frozenset(
     {"embed", "classify", "token_embed", "token_classify", "plugin", "embed&token_classify"}
 )
+
+#: vLLM's ``ModelConfig.get_pooling_task`` order: a model's own pooling task is the first of
+#: these it supports (the pooler config's task aside, which the wire does not show).
+_POOLING_PRIORITY = ("embed&token_classify", "embed", "classify", "token_embed", "token_classify")
+
+
+def model_pooling_task(tasks: frozenset[str]) -> str | None:
+    """The model's own pooling task as vLLM picks it from its supported tasks (what
+    ``/pooling`` runs without a ``task``, and what decides bi- or cross-encoder scoring);
+    ``None`` for a model that does not pool."""
+    return next((t for t in (*_POOLING_PRIORITY, "plugin") if t in tasks), None)
 
 
 class EngineTasks:

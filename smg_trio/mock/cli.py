@@ -83,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
         help="with --runner pooling: the classifier head's labels (classify is then served)",
     )
     parser.add_argument(
+        "--convert",
+        choices=("auto", "embed", "classify"),
+        default="auto",
+        help="vLLM's --convert: classify makes a sequence classifier with no embed task "
+        "(with one label, a cross-encoder: /score and /rerank score text pairs); needs --labels",
+    )
+    parser.add_argument(
         "--hello-after",
         metavar="FILE",
         help="load slowly: dial the gateway only once FILE exists, logging a WARNING while it "
@@ -151,11 +158,15 @@ def _load_script_or_exit(
         parser.error(str(exc))
 
 
-def pooler_of(runner: str, labels: str) -> MockPooler | None:
-    """The mock's pooler for ``--runner``/``--labels`` (``None``: a generation model)."""
+def pooler_of(runner: str, labels: str, convert: str = "auto") -> MockPooler | None:
+    """The mock's pooler for ``--runner``/``--labels``/``--convert`` (``None``: a generation
+    model). Raises ``ValueError`` for ``--convert classify`` without labels."""
     if runner != "pooling":
         return None
-    return MockPooler(labels=tuple(x for x in (s.strip() for s in labels.split(",")) if x))
+    names = tuple(x for x in (s.strip() for s in labels.split(",")) if x)
+    if convert == "classify" and not names:
+        raise ValueError("--convert classify needs --labels (one label: a cross-encoder)")
+    return MockPooler(labels=names, embed=convert != "classify")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -193,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"--kv-events-config: {exc}")
         else:
             kv_events = None
+    try:
+        pooler = pooler_of(args.runner, args.labels, args.convert)
+    except ValueError as exc:
+        parser.error(str(exc))
     config = MockEngineConfig(
         protocol=args.protocol,
         engine_index=args.engine_index,
@@ -208,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kv_events=kv_events,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
-        pooler=pooler_of(args.runner, args.labels),
+        pooler=pooler,
     )
     engine = MockEngine(args.handshake, config)
     log.info("mock %s engine %d dialing %s", config.protocol, config.engine_index, args.handshake)

@@ -30,11 +30,15 @@ class MockPooler:
     matryoshka: bool = True
     #: ``"nan"`` or ``"malformed"``: every pooled output carries that fault.
     fault: PoolingFault | None = None
+    #: ``False``: no ``embed`` task (a sequence-classification model: with one label, a
+    #: cross-encoder, whose ``classify`` output is the sigmoid of its one logit, as vLLM's).
+    embed: bool = True
 
     @property
     def tasks(self) -> tuple[str, ...]:
         """What ``get_supported_tasks`` answers."""
-        return ("embed", "classify") if self.labels else ("embed",)
+        own = ("embed",) if self.embed else ()
+        return (*own, "classify") if self.labels else own
 
     def _token_vector(self, token: int, width: int) -> npt.NDArray[np.float64]:
         rng = np.random.default_rng(zlib.crc32(token.to_bytes(8, "little", signed=True)))
@@ -52,7 +56,9 @@ class MockPooler:
             total += self._token_vector(int(tok), width)
         vec = total / max(len(prompt), 1)
         if task == "classify":
-            if use_activation is not False and width:
+            if use_activation is not False and width == 1:
+                vec = 1.0 / (1.0 + np.exp(-vec))
+            elif use_activation is not False and width:
                 exp = np.exp(vec - vec.max())
                 vec = exp / exp.sum()
         else:

@@ -60,6 +60,9 @@ class PoolingParams(msgspec.Struct, array_like=True, omit_defaults=True):
             dimensions=opts.dimensions,
             task=opts.task,
             skip_reading_prefix_cache=opts.task in ("token_embed", "token_classify"),
+            extra_kwargs=None
+            if opts.token_type_start is None
+            else {"compressed_token_type_ids": opts.token_type_start},
         )
 
 

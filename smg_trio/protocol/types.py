@@ -204,6 +204,9 @@ class PoolingOptions(msgspec.Struct, frozen=True, kw_only=True):
     task: PoolingTask
     dimensions: int | None = None
     use_activation: bool | None = None
+    #: A cross-encoder pair's first token of its second text (vLLM's
+    #: ``compressed_token_type_ids``), for models whose tokenizer gives token types.
+    token_type_start: int | None = None
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True):

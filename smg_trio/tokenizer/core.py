@@ -93,6 +93,16 @@ def _load_templates(model_dir: ModelDir, config: Mapping[str, Any]) -> dict[str,
     return templates
 
 
+def _gives_token_types(config: Mapping[str, Any]) -> bool:
+    """Whether transformers' tokenizer returns ``token_type_ids`` (vLLM sends them on only
+    then): ``model_input_names`` in ``tokenizer_config.json``, else the BERT family's."""
+    names = config.get("model_input_names")
+    if isinstance(names, list):
+        return "token_type_ids" in names
+    cls = config.get("tokenizer_class")
+    return isinstance(cls, str) and cls.startswith(("Bert", "Electra"))
+
+
 class Tokenizer:
     """A fast (Rust) HF tokenizer plus the parts of ``tokenizer_config.json`` a gateway needs.
 
@@ -122,6 +132,7 @@ class Tokenizer:
         self._encode_batch: Any = getattr(hf, "encode_batch_fast", hf.encode_batch)
         hf.no_truncation()
         hf.no_padding()
+        self._token_types = _gives_token_types(config)
 
         self.special_tokens: dict[str, str] = {}
         for key in SPECIAL_TOKEN_KEYS:
@@ -243,6 +254,26 @@ class Tokenizer:
         if add_special_tokens and (self._bos_prefix or self._eos_suffix):
             ids = [*self._bos_prefix, *ids, *self._eos_suffix]
         return ids
+
+    def encode_pair(self, first: str, second: str) -> tuple[list[int], int | None]:
+        """A cross-encoder's input: ``first`` and ``second`` as the tokenizer pairs them
+        (``tokenizer(text=first, text_pair=second)``, special tokens on: the post-processor's
+        pair template, and ``add_bos_token`` / ``add_eos_token`` around each text as
+        transformers' fast tokenizers add them), and where the second text's token type
+        starts (``None`` when the tokenizer gives no second type)."""
+        enc = self.hf.encode(first, second, add_special_tokens=True)
+        ids: list[int] = list(enc.ids)
+        types: list[int] = list(enc.type_ids)
+        if self._bos_prefix or self._eos_suffix:
+            a = self.hf.encode(first, add_special_tokens=False).ids
+            b = self.hf.encode(second, add_special_tokens=False).ids
+            head = [*self._bos_prefix, *a, *self._eos_suffix]
+            tail = [*self._bos_prefix, *b, *self._eos_suffix]
+            ids, types = head + tail, [0] * len(head) + [1] * len(tail)
+        if not self._token_types:
+            return ids, None
+        start = next((i for i, t in enumerate(types) if t == 1), None)
+        return ids, start
 
     def min_tokens(self, text: str, limit: int) -> int:
         """At least how many tokens ``text`` encodes to (without special tokens), for a

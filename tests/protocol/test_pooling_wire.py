@@ -20,6 +20,11 @@ from smg_trio.protocol.vllm import EngineCoreRequest, VllmProtocol, decode_outpu
 EMBED = "9ac3c0c0c0a5656d626564c2c2c0c002"
 EMBED_DIM4_NO_ACT = "9ac204c0c0a5656d626564c2c2c0c002"
 CLASSIFY = "9ac3c0c0c0a8636c617373696679c2c2c0c002"
+# A cross-encoder pair whose second text's token type starts at 5 (vLLM's scoring frontend
+# puts it in extra_kwargs as compressed_token_type_ids).
+CLASSIFY_TYPES_5 = (
+    "9ac3c0c0c0a8636c617373696679c2c2c081b9636f6d707265737365645f746f6b656e5f747970655f6964730502"
+)
 # EngineCoreOutputs with one finished output whose pooling_output is
 # ``torch.arange(300, dtype=float32) / 7``: 1200 bytes, so an aux frame (index 1).
 AUX_ENVELOPE = (
@@ -39,6 +44,7 @@ BF16_ENVELOPE = (
         (PoolingOptions(task="embed"), EMBED),
         (PoolingOptions(task="embed", dimensions=4, use_activation=False), EMBED_DIM4_NO_ACT),
         (PoolingOptions(task="classify"), CLASSIFY),
+        (PoolingOptions(task="classify", token_type_start=5), CLASSIFY_TYPES_5),
     ],
 )
 def test_pooling_params_bytes_equal_vllms(opts: PoolingOptions, pinned: str) -> None:

@@ -3,7 +3,7 @@ output) in vLLM 0.32's shapes."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 import numpy as np
@@ -19,7 +19,7 @@ from smg_trio.gateway.openai.pooling import (
     tokenize_items,
 )
 from smg_trio.gateway.openai.schemas import Usage
-from smg_trio.protocol.types import PoolingOptions
+from smg_trio.protocol.types import PoolingOptions, PoolingTask
 
 __all__ = [
     "CLASSIFY",
@@ -72,7 +72,11 @@ class ClassifyApi:
     body_type = ClassifyRequest
 
     def plan(
-        self, body: ClassifyRequest, served: ServedModel, limits: PoolingLimits
+        self,
+        body: ClassifyRequest,
+        served: ServedModel,
+        limits: PoolingLimits,
+        model_task: str | None = None,
     ) -> PoolingPlan:
         items = tokenize_items(
             body.input,
@@ -108,7 +112,7 @@ CLASSIFY = ClassifyApi()
 
 
 class PoolingRequest(msgspec.Struct, kw_only=True):
-    """vLLM's ``PoolingCompletionRequest`` (``task``: ``embed`` unless given)."""
+    """vLLM's ``PoolingCompletionRequest`` (``task``: the model's own unless given)."""
 
     input: Any
     model: str | None = None
@@ -148,8 +152,16 @@ class PoolingRawApi:
     id_prefix = "pool-"
     body_type = PoolingRequest
 
-    def plan(self, body: PoolingRequest, served: ServedModel, limits: PoolingLimits) -> PoolingPlan:
-        task = body.task or "embed"
+    def plan(
+        self,
+        body: PoolingRequest,
+        served: ServedModel,
+        limits: PoolingLimits,
+        model_task: str | None = None,
+    ) -> PoolingPlan:
+        # Without a task, the model's own (vLLM's get_pooling_task), "embed" until known.
+        assumed = None if body.task else (model_task or "embed")
+        task = body.task or (assumed if assumed in get_args(PoolingTask) else "embed")
         if body.dimensions is not None and task not in ("embed", "token_embed"):
             raise ValidationError(
                 f"dimensions is not a parameter of the {task!r} task",
@@ -189,9 +201,11 @@ class PoolingRawApi:
             )
 
         options = PoolingOptions(
-            task=task, dimensions=body.dimensions, use_activation=body.use_activation
+            task=task,  # type: ignore[arg-type]
+            dimensions=body.dimensions,
+            use_activation=body.use_activation,
         )
-        return PoolingPlan(items, options, render, body.priority)
+        return PoolingPlan(items, options, render, body.priority, model_task=assumed)
 
 
 POOLING = PoolingRawApi()

@@ -102,7 +102,11 @@ class EmbeddingsApi:
     body_type = EmbeddingRequest
 
     def plan(
-        self, body: EmbeddingRequest, served: ServedModel, limits: PoolingLimits
+        self,
+        body: EmbeddingRequest,
+        served: ServedModel,
+        limits: PoolingLimits,
+        model_task: str | None = None,
     ) -> PoolingPlan:
         check_dimensions(body.dimensions, served, "dimensions")
         items = tokenize_items(
@@ -189,7 +193,11 @@ class CohereEmbedApi:
     body_type = CohereEmbedRequest
 
     def plan(
-        self, body: CohereEmbedRequest, served: ServedModel, limits: PoolingLimits
+        self,
+        body: CohereEmbedRequest,
+        served: ServedModel,
+        limits: PoolingLimits,
+        model_task: str | None = None,
     ) -> PoolingPlan:
         if body.images is not None or body.inputs is not None:
             raise ValidationError(

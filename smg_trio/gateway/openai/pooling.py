@@ -31,6 +31,9 @@ __all__ = [
     "encode_vector",
     "run_pooling",
     "tokenize_items",
+    "too_long",
+    "too_many",
+    "truncate_ids",
 ]
 
 #: One pooled output (a float32 numpy array).
@@ -66,6 +69,10 @@ class PoolingPlan:
     options: PoolingOptions
     render: Callable[[list[Vector], str, int], msgspec.Struct]
     priority: int = 0
+    #: Per item, where items differ (a cross-encoder pair's token types); else ``options``.
+    item_options: list[PoolingOptions] | None = None
+    #: The model pooling task the plan was made for (``None``: any).
+    model_task: str | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -89,7 +96,13 @@ class PoolingApi(Protocol[B]):
     @property
     def body_type(self) -> type[B]: ...
 
-    def plan(self, body: B, served: ServedModel, limits: PoolingLimits) -> PoolingPlan: ...
+    def plan(
+        self, body: B, served: ServedModel, limits: PoolingLimits, model_task: str | None
+    ) -> PoolingPlan:
+        """The plan for a model whose own pooling task is ``model_task`` (``None``: not
+        known yet): an API whose plan depends on it (score, ``/pooling`` without a task) sets
+        ``PoolingPlan.model_task``, and the route plans again if the engine's differs."""
+        ...
 
 
 def check_generates(client: EngineClient, model: str) -> None:
@@ -116,7 +129,8 @@ def check_count(count: int, limits: PoolingLimits, param: str) -> None:
         )
 
 
-def _too_long(where: str, count: str, limits: PoolingLimits, param: str) -> ValidationError:
+def too_long(where: str, count: str, limits: PoolingLimits, param: str) -> ValidationError:
+    """400 ``context_length_exceeded`` for an item over the model's context."""
     return _bad(
         f"{where} has {count} tokens, more than the model's context of "
         f"{limits.max_model_len} (set truncate_prompt_tokens to truncate it)",
@@ -125,13 +139,15 @@ def _too_long(where: str, count: str, limits: PoolingLimits, param: str) -> Vali
     )
 
 
-def _too_many(limits: PoolingLimits, param: str) -> ValidationError:
+def too_many(limits: PoolingLimits, param: str) -> ValidationError:
+    """400 ``too_many_tokens`` for inputs over the request's token budget."""
     return _bad(
         f"the inputs hold more than {limits.max_tokens} tokens in all", param, "too_many_tokens"
     )
 
 
-def _truncate(ids: list[int], truncate: int | None, side: str, max_len: int) -> list[int]:
+def truncate_ids(ids: list[int], truncate: int | None, side: str, max_len: int) -> list[int]:
+    """``ids`` cut to ``truncate`` tokens (``-1``: the context) from ``side``."""
     if truncate is None:
         return ids
     keep = max_len if truncate < 0 else truncate
@@ -184,9 +200,9 @@ def tokenize_items(
             # length: nothing that could fit is refused).
             lower = tok.min_tokens(item, limits.max_model_len)
             if truncate_prompt_tokens is None and lower > limits.max_model_len:
-                raise _too_long(where, f"at least {lower}", limits, param)
+                raise too_long(where, f"at least {lower}", limits, param)
             if total + lower > limits.max_tokens:
-                raise _too_many(limits, param)
+                raise too_many(limits, param)
             ids = tok.encode(item, add_special_tokens=add_special_tokens)
         elif isinstance(item, list) and item and all(_is_int(t) for t in item):
             bad = next((t for t in item if not 0 <= t < vocab), None)
@@ -197,12 +213,12 @@ def tokenize_items(
             raise _bad(f"{where} must be a non-empty string or list of token ids", param)
         if not ids:
             raise _bad(f"{where} encodes to no tokens", param)
-        ids = _truncate(ids, truncate_prompt_tokens, truncation_side, limits.max_model_len)
+        ids = truncate_ids(ids, truncate_prompt_tokens, truncation_side, limits.max_model_len)
         if len(ids) > limits.max_model_len:
-            raise _too_long(where, str(len(ids)), limits, param)
+            raise too_long(where, str(len(ids)), limits, param)
         total += len(ids)
         if total > limits.max_tokens:
-            raise _too_many(limits, param)
+            raise too_many(limits, param)
         out.append(ids)
     return out
 
@@ -264,7 +280,7 @@ async def run_pooling(
             request_id=f"{engine_id}-{i}",
             prompt_token_ids=ids,
             sampling=_NO_SAMPLING,
-            pooling=plan.options,
+            pooling=plan.options if plan.item_options is None else plan.item_options[i],
             arrival_time=arrival_time,
             priority=plan.priority,
         )

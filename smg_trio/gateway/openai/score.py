@@ -1,8 +1,9 @@
 """``/score`` and ``/v1/score``, ``/rerank``, ``/v1/rerank`` and ``/v2/rerank`` (Jina's and
-Cohere's shape, as vLLM serves them) for bi-encoders: every text embedded (one engine request
-each), scores the cosine similarity of each pair's embeddings, as vLLM does for ``embed``
-models. Cross-encoders (``classify`` models scoring a text pair) are not served yet: the
-task check answers 400."""
+Cohere's shape, as vLLM serves them). As vLLM decides from the model's own pooling task: an
+``embed`` model (bi-encoder) has every text embedded (one engine request each) and scores the
+cosine similarity of each pair's embeddings; a ``classify`` model (cross-encoder, one label)
+reads each (query, document) pair as its tokenizer pairs them, one ``classify`` request per
+pair, and the score is its one (activated) output."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from smg_trio.gateway.openai.pooling import (
     Vector,
     check_count,
     tokenize_items,
+    too_long,
+    too_many,
+    truncate_ids,
 )
 from smg_trio.gateway.openai.schemas import Usage
 from smg_trio.protocol.types import PoolingOptions
@@ -76,6 +80,106 @@ def _embed_both(
         second, served.tokenizer, rest, param=names[1], truncate_prompt_tokens=truncate
     )
     return a, b
+
+
+def _cross_encoder(model_task: str | None) -> bool:
+    """vLLM's score type: ``classify`` models are cross-encoders, the rest bi-encoders (a
+    model not known yet is taken as ``embed``; the route plans again if it is not)."""
+    return model_task == "classify"
+
+
+def _check_one_label(served: ServedModel) -> None:
+    """vLLM serves scores from a classifier only with ``num_labels == 1``."""
+    labels = served.pooling.labels
+    if len(labels) > 1:
+        raise ValidationError(
+            f"model {served.model_id!r} classifies into {len(labels)} labels: scoring a pair "
+            "needs a cross-encoder with one label (num_labels == 1)",
+            param="model",
+            code="unsupported_task",
+        )
+
+
+@attrs.frozen
+class _Pairs:
+    """A cross-encoder's tokenized pairs and each pair's token-type start."""
+
+    items: list[list[int]]
+    options: list[PoolingOptions]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(i) for i in self.items)
+
+
+def _pair_items(
+    first: list[str],
+    second: list[str],
+    names: tuple[str, str],
+    served: ServedModel,
+    limits: PoolingLimits,
+    truncate: int | None,
+    use_activation: bool | None,
+) -> _Pairs:
+    """One engine input per pair (``first``'s one text, or its i-th, with ``second``'s i-th),
+    tokenized as vLLM's cross-encoder does (``tokenizer(text, text_pair)``) and truncated as a
+    whole; the item and token limits as for single texts."""
+    _check_one_label(served)
+    check_count(len(second), limits, names[1])
+    if truncate is not None and not -1 <= truncate <= limits.max_model_len:
+        raise ValidationError(
+            f"truncate_prompt_tokens must be in [-1, {limits.max_model_len}]",
+            param="truncate_prompt_tokens",
+            code="invalid_value",
+        )
+    tok = served.tokenizer
+    items: list[list[int]] = []
+    options: list[PoolingOptions] = []
+    total = 0
+    for i, doc in enumerate(second):
+        query = first[0 if len(first) == 1 else i]
+        for name, text in zip(names, (query, doc), strict=True):
+            if not text:
+                raise ValidationError(
+                    f"{name} must not hold an empty text", param=name, code="invalid_value"
+                )
+        where = f"the pair {i}"
+        lower = tok.min_tokens(query, limits.max_model_len) + tok.min_tokens(
+            doc, limits.max_model_len
+        )
+        if truncate is None and lower > limits.max_model_len:
+            raise too_long(where, f"at least {lower}", limits, names[1])
+        if total + lower > limits.max_tokens:
+            raise too_many(limits, names[1])
+        ids, start = tok.encode_pair(query, doc)
+        ids = truncate_ids(ids, truncate, "right", limits.max_model_len)
+        if len(ids) > limits.max_model_len:
+            raise too_long(where, str(len(ids)), limits, names[1])
+        total += len(ids)
+        if total > limits.max_tokens:
+            raise too_many(limits, names[1])
+        items.append(ids)
+        options.append(
+            PoolingOptions(
+                task="classify",
+                use_activation=use_activation,
+                token_type_start=None if start is None else min(start, len(ids)),
+            )
+        )
+    return _Pairs(items, options)
+
+
+def _pair_score(vec: Vector) -> float:
+    """A cross-encoder's score: its one output (vLLM's ``ScoringRequestOutput.score``)."""
+    flat = np.asarray(vec, dtype=np.float64).reshape(-1)
+    if flat.size != 1:
+        raise ValidationError(
+            f"the model's classifier gave {flat.size} outputs for a pair: scoring needs a "
+            "cross-encoder with one label (num_labels == 1)",
+            param="model",
+            code="unsupported_task",
+        )
+    return float(flat[0])
 
 
 class ScoreRequest(msgspec.Struct, kw_only=True):
@@ -139,7 +243,13 @@ class ScoreApi:
     id_prefix = "score-"
     body_type = ScoreRequest
 
-    def plan(self, body: ScoreRequest, served: ServedModel, limits: PoolingLimits) -> PoolingPlan:
+    def plan(
+        self,
+        body: ScoreRequest,
+        served: ServedModel,
+        limits: PoolingLimits,
+        model_task: str | None = None,
+    ) -> PoolingPlan:
         (n1, raw1), (n2, raw2) = body.pair()
         t1, t2 = _texts(raw1, n1), _texts(raw2, n2)
         if len(t1) != 1 and len(t1) != len(t2):
@@ -147,6 +257,31 @@ class ScoreApi:
                 f"{n1} has {len(t1)} inputs and {n2} {len(t2)}: give one, or as many as {n2}",
                 param=n1,
                 code="invalid_value",
+            )
+        assumed = model_task or "embed"
+        if _cross_encoder(assumed):
+            pairs = _pair_items(
+                t1, t2, (n1, n2), served, limits, body.truncate_prompt_tokens, body.use_activation
+            )
+
+            def render_pairs(
+                vectors: list[Vector], response_id: str, created: int
+            ) -> ScoreResponse:
+                return ScoreResponse(
+                    id=response_id,
+                    created=created,
+                    model=served.model_id,
+                    data=[ScoreData(i, "score", _pair_score(v)) for i, v in enumerate(vectors)],
+                    usage=Usage(pairs.tokens, 0, pairs.tokens),
+                )
+
+            return PoolingPlan(
+                pairs.items,
+                pairs.options[0],
+                render_pairs,
+                body.priority,
+                item_options=pairs.options,
+                model_task=assumed,
             )
         a, b = _embed_both(t1, t2, (n1, n2), served, limits, body.truncate_prompt_tokens)
         tokens = sum(len(i) for i in a) + sum(len(i) for i in b)
@@ -167,7 +302,7 @@ class ScoreApi:
             )
 
         options = PoolingOptions(task="embed", use_activation=body.use_activation)
-        return PoolingPlan(a + b, options, render, body.priority)
+        return PoolingPlan(a + b, options, render, body.priority, model_task=assumed)
 
 
 SCORE = ScoreApi()
@@ -225,7 +360,13 @@ class RerankApi:
     id_prefix: str = "rerank-"
     body_type: type[RerankRequest] = RerankRequest
 
-    def plan(self, body: RerankRequest, served: ServedModel, limits: PoolingLimits) -> PoolingPlan:
+    def plan(
+        self,
+        body: RerankRequest,
+        served: ServedModel,
+        limits: PoolingLimits,
+        model_task: str | None = None,
+    ) -> PoolingPlan:
         if not isinstance(body.query, str) or not body.query:
             raise ValidationError(
                 "'query' must be a non-empty string", param="query", code="invalid_value"
@@ -233,17 +374,13 @@ class RerankApi:
         if body.top_n < 0:
             raise ValidationError("top_n must be >= 0", param="top_n", code="invalid_value")
         docs = _texts(body.documents, "documents")
-        a, b = _embed_both(
-            [body.query], docs, ("query", "documents"), served, limits, body.truncate_prompt_tokens
-        )
-        tokens = sum(len(i) for i in a) + sum(len(i) for i in b)
         top_n, keep = body.top_n, body.return_documents
+        assumed = model_task or "embed"
 
-        def render(vectors: list[Vector], response_id: str, created: int) -> RerankResponse:
-            query = vectors[0]
+        def ranked(scores: list[float], tokens: int, response_id: str) -> RerankResponse:
             results = [
-                RerankResult(i, cosine(query, v), RerankDocument(docs[i]) if keep else None)
-                for i, v in enumerate(vectors[1:])
+                RerankResult(i, score, RerankDocument(docs[i]) if keep else None)
+                for i, score in enumerate(scores)
             ]
             results.sort(key=lambda r: r.relevance_score, reverse=True)
             if top_n:
@@ -255,8 +392,41 @@ class RerankApi:
                 results=results,
             )
 
+        if _cross_encoder(assumed):
+            pairs = _pair_items(
+                [body.query],
+                docs,
+                ("query", "documents"),
+                served,
+                limits,
+                body.truncate_prompt_tokens,
+                body.use_activation,
+            )
+
+            def render_pairs(
+                vectors: list[Vector], response_id: str, created: int
+            ) -> RerankResponse:
+                return ranked([_pair_score(v) for v in vectors], pairs.tokens, response_id)
+
+            return PoolingPlan(
+                pairs.items,
+                pairs.options[0],
+                render_pairs,
+                body.priority,
+                item_options=pairs.options,
+                model_task=assumed,
+            )
+        a, b = _embed_both(
+            [body.query], docs, ("query", "documents"), served, limits, body.truncate_prompt_tokens
+        )
+        tokens = sum(len(i) for i in a) + sum(len(i) for i in b)
+
+        def render(vectors: list[Vector], response_id: str, created: int) -> RerankResponse:
+            query = vectors[0]
+            return ranked([cosine(query, v) for v in vectors[1:]], tokens, response_id)
+
         options = PoolingOptions(task="embed", use_activation=body.use_activation)
-        return PoolingPlan(a + b, options, render, body.priority)
+        return PoolingPlan(a + b, options, render, body.priority, model_task=assumed)
 
 
 RERANK = RerankApi()
