@@ -20,6 +20,11 @@ from smg_trio.gateway.openai.fanout import SEED_MODULUS, derive_seed, sub_reques
 from smg_trio.gateway.openai.schemas import SamplingRequest
 from smg_trio.gateway.openai.textgen import ChoiceParams
 from smg_trio.gateway.openai.tools import ToolPlan
+from smg_trio.gateway.openai.vocab_filters import (
+    allowed_token_ids,
+    bad_words_token_ids,
+    check_cache_salt,
+)
 from smg_trio.parsers.reasoning import ReasoningFactory, get_reasoning_format
 from smg_trio.protocol.types import (
     Capabilities,
@@ -81,6 +86,8 @@ class Plan:
     structured_param: str | None = None
     #: vLLM's ``return_token_ids``: the answer carries the prompt's and each choice's ids.
     return_token_ids: bool = False
+    #: vLLM's ``cache_salt``: sent on each engine request (its prefix-cache key).
+    cache_salt: str | None = None
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> ValidationError:
@@ -323,8 +330,12 @@ def build_plan(
         raise UnsupportedField("min_p", caps.engine)
     if body.data_parallel_rank is not None and not caps.data_parallel_rank:
         raise UnsupportedField("data_parallel_rank", caps.engine)
-    if body.kv_transfer_params and caps.engine != "vllm":
-        raise UnsupportedField("kv_transfer_params", caps.engine)
+    for name in ("kv_transfer_params", "allowed_token_ids", "bad_words", "cache_salt"):
+        if getattr(body, name) and caps.engine != "vllm":  # vLLM EngineCore's fields
+            raise UnsupportedField(name, caps.engine)
+    allowed = allowed_token_ids(body.allowed_token_ids, vocab)
+    bad = bad_words_token_ids(body.bad_words, tokenizer)
+    cache_salt = check_cache_salt(body.cache_salt)
     logit_bias = None
     if body.logit_bias:
         if not caps.logit_bias:
@@ -366,6 +377,9 @@ def build_plan(
         skip_special_tokens=body.skip_special_tokens is not False,
         spaces_between_special_tokens=body.spaces_between_special_tokens is not False,
         kv_transfer_params=body.kv_transfer_params or None,  # vLLM sends a non-empty one
+        allowed_token_ids=allowed,
+        bad_words=None if bad is None else bad[0],
+        bad_words_token_ids=None if bad is None else bad[1],
     )
     return Plan(
         sampling=sampling,
@@ -380,6 +394,7 @@ def build_plan(
         priority=body.priority or 0,
         structured_param=None if structured_param == "tool_choice" else structured_param,
         return_token_ids=bool(body.return_token_ids),
+        cache_salt=cache_salt,
     )
 
 
@@ -515,6 +530,7 @@ def build_requests(
             arrival_time=now,
             priority=plan.priority,
             lora=None if served.lora is None else served.lora.request,
+            cache_salt=plan.cache_salt,
         )
         served.protocol.validate(req)
         out.append(req)
