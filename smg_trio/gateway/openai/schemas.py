@@ -135,6 +135,12 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
     echo: bool | None = False
+    #: vLLM's: a template variable (and ``enable_thinking`` unless the kwargs set it).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
+    #: vLLM's: ``false`` leaves the reasoning out of the answer (see ChatJob.hide_reasoning).
+    include_reasoning: bool | None = True
 
 
 class CompletionRequest(SamplingRequest, kw_only=True):
