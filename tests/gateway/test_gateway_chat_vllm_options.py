@@ -90,6 +90,26 @@ async def test_tokenize_renders_with_the_default_kwargs(
     assert seen == [{"enable_thinking": False}]
 
 
+async def test_responses_reasoning_effort_sets_enable_thinking(
+    harness: HarnessFactory, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's Responses ``to_chat_params``: ``reasoning.effort`` as chat's ``reasoning_effort``."""
+    seen: list[Any] = []
+    real = tok.apply_chat_template
+
+    def spy(*args: Any, **kw: Any) -> str:
+        seen.append(kw.get("chat_template_kwargs"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(tok, "apply_chat_template", spy)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "ok")) as h:
+            body = {"model": "M", "input": "hi", "reasoning": {"effort": "none"}}
+            resp = await h.http.post("/v1/responses", json=body)
+            assert resp.status_code == 200, resp.text
+    assert seen == [{"reasoning_effort": "none", "enable_thinking": False}]
+
+
 async def test_response_role(harness: HarnessFactory, tok: Tokenizer) -> None:
     config = GatewayHttpConfig(response_role="bot")
     with trio.fail_after(DEADLINE_S):

@@ -269,7 +269,7 @@ class ResponsesApi:
             tool_choice=_chat_tool_choice(body.tool_choice),
             parallel_tool_calls=body.parallel_tool_calls,
             response_format=_response_format(body.text),
-            chat_template_kwargs=None if effort is None else {"reasoning_effort": effort},
+            reasoning_effort=effort,  # vLLM: a template variable, with enable_thinking
         )
         try:
             draft = CHAT.check(chat, served, config)
