@@ -227,12 +227,6 @@ class ResponsesApi:
                 )
             if body.store is False:  # vLLM 0.32's rule and words
                 raise _bad("background can only be used when `store` is true", "background")
-            if body.stream:
-                raise _bad(
-                    "background responses are not streamed here: poll GET /v1/responses/{id}",
-                    "stream",
-                    "unsupported_field",
-                )
         if body.n not in (None, 1):
             raise _bad(
                 "n is not supported: a response has one output (send one request per output)",
