@@ -157,3 +157,23 @@ async def test_include_reasoning_false_leaves_the_reasoning_out(
             assert not any(c.get("logprobs") or c.get("token_ids") for c in chunks)
             text = "".join(c["delta"].get("content") or "" for c in chunks)
             assert text == shown["message"]["content"]
+
+
+async def test_responses_include_reasoning_false(harness: HarnessFactory, tok: Tokenizer) -> None:
+    """vLLM's Responses ``include_reasoning: false``: no reasoning item, whole or streamed;
+    the reasoning tokens are still counted."""
+    plan = lambda r: steps_of(tok, "<think>", "hmm", "</think>", "Hi")  # noqa: E731
+    body: dict[str, Any] = {"model": "M", "input": "hi", "include_reasoning": False}
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=plan, reasoning_parser="qwen3") as h:
+            shown = await h.http.post("/v1/responses", json={**body, "include_reasoning": True})
+            assert [i["type"] for i in shown.json()["output"]] == ["reasoning", "message"]
+            whole = (await h.http.post("/v1/responses", json=body)).json()
+            assert [i["type"] for i in whole["output"]] == ["message"]
+            assert whole["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
+            res, events = await h.stream("/v1/responses", body)
+            assert res.status_code == 200
+            kinds = {e["type"] for e in events if isinstance(e, dict)}
+            assert not any(k.startswith("response.reasoning") for k in kinds)
+            done = next(e for e in events if e["type"] == "response.completed")
+            assert [i["type"] for i in done["response"]["output"]] == ["message"]

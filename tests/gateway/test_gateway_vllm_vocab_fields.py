@@ -113,3 +113,21 @@ async def test_tokenspeed_refuses_vllm_only_fields(
             assert res.status_code == 400, res.text
             assert res.json()["error"]["param"] == field
             assert h.engine.requests == []
+
+
+async def test_cache_salt_on_responses_and_messages(harness: HarnessFactory, tok: Any) -> None:
+    """vLLM 0.32's Responses and Anthropic requests take ``cache_salt`` too."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "x")) as h:
+            res = await h.http.post(
+                "/v1/responses", json={"model": "M", "input": "hi", "cache_salt": "r"}
+            )
+            assert res.status_code == 200, res.text
+            assert h.engine.requests[-1].raw.cache_salt == "r"
+            msg = {"role": "user", "content": "hi"}
+            body = {"model": "M", "max_tokens": 2, "messages": [msg], "cache_salt": "m"}
+            res = await h.http.post("/v1/messages", json=body)
+            assert res.status_code == 200, res.text
+            assert h.engine.requests[-1].raw.cache_salt == "m"
+            bad = await h.http.post("/v1/messages", json={**body, "cache_salt": ""})
+            assert bad.status_code == 400

@@ -295,6 +295,7 @@ class MessagesApi:
             tool_choice=_chat_tool_choice(body.tool_choice),
             parallel_tool_calls=_parallel(body.tool_choice),
             chat_template_kwargs=_template_kwargs(body.thinking),
+            cache_salt=body.cache_salt,
         )
         stops = tuple(body.stop_sequences or ())
         try:

@@ -264,6 +264,8 @@ class ResponsesApi:
             parallel_tool_calls=body.parallel_tool_calls,
             response_format=_response_format(body.text),
             reasoning_effort=effort,  # vLLM: a template variable, with enable_thinking
+            cache_salt=body.cache_salt,
+            include_reasoning=body.include_reasoning,
         )
         try:
             draft = CHAT.check(chat, served, config)
@@ -395,7 +397,7 @@ class ResponsesJob(ChatJobView):
         """``output_text.logprobs`` of ``runs`` (vLLM's entries: token, logprob, bytes,
         top_logprobs), ``[]`` unless ``include`` asks for them."""
         k = self.chat.top_logprobs
-        if k is None or not runs:
+        if k is None or not runs or self.chat.hide_reasoning:  # vLLM hides them with it
             return []
         entries = chat_logprobs(self.chat.served.tokenizer, merge_runs(runs), k).content
         out: list[dict[str, Any]] = msgspec.to_builtins(entries)
@@ -406,7 +408,7 @@ class ResponsesJob(ChatJobView):
         assert collected is not None
         output: list[dict[str, Any]] = []
         reasoning = "".join(collected.reasoning[0])
-        if reasoning:
+        if reasoning and not self.chat.hide_reasoning:
             output.append(_reasoning_item(_item_id("rs_"), reasoning, "completed"))
         text = "".join(collected.text[0])
         calls = merge_calls(collected.tool_calls[0], "call_")
@@ -543,7 +545,9 @@ class ResponsesStreamRenderer:
 
     def delta(self, sub: SubRequest, delta: TextDelta) -> bytes:
         out: list[bytes] = []
-        if delta.reasoning:
+        if delta.reasoning and self._job.chat.hide_reasoning:
+            self._reasoning.append(delta.reasoning)  # counted in usage, never sent
+        elif delta.reasoning:
             if self._open != "reasoning":
                 out.append(
                     self._begin("reasoning", _reasoning_item(_item_id("rs_"), None, "in_progress"))
