@@ -180,6 +180,9 @@ async def test_max_tokens_above_the_context_is_refused_before_encoding(
             assert f"cannot be greater than max_model_len={ctx}" in _err(resp)["message"]
             resp = await h.chat(max_completion_tokens=ctx + 1)
             assert _err(resp)["param"] == "max_completion_tokens"
+            body = {"model": "M", "input": "hi", "max_output_tokens": ctx + 1}
+            resp = await h.http.post("/v1/responses", json=body)
+            assert _err(resp)["param"] == "max_output_tokens"
             assert h.engine.requests == []
     assert spy.encodes == []
 

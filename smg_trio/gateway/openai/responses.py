@@ -267,6 +267,13 @@ class ResponsesApi:
             cache_salt=body.cache_salt,
             include_reasoning=body.include_reasoning,
         )
+        ctx, mot = served.max_model_len, body.max_output_tokens
+        if mot is not None and mot > ctx:  # vLLM 0.32's renderer check, under this API's name
+            raise _bad(
+                f"max_output_tokens={mot} cannot be greater than max_model_len={ctx}. "
+                "Please request fewer output tokens.",
+                "max_output_tokens",
+            )
         try:
             draft = CHAT.check(chat, served, config)
         except ValidationError as exc:
