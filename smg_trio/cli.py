@@ -388,6 +388,20 @@ def _common(p: argparse.ArgumentParser) -> None:
         "such a request is a 400, as in vLLM",
     )
     g.add_argument(
+        "--default-chat-template-kwargs",
+        type=_json_object,
+        metavar="JSON",
+        help="chat template variables every chat request renders with, under its own "
+        "chat_template_kwargs (vLLM's flag), e.g. '{\"enable_thinking\": false}'",
+    )
+    g.add_argument(
+        "--response-role",
+        default="assistant",
+        metavar="ROLE",
+        help="the reply's role when add_generation_prompt is true (vLLM's flag; default "
+        "%(default)s)",
+    )
+    g.add_argument(
         "--max-n",
         type=_int_at_least(1),
         default=DEFAULT_MAX_N,
@@ -752,6 +766,24 @@ def _apply_env_and_file(
         setattr(args, action.dest, raw)
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """A flag's JSON object (``--default-chat-template-kwargs``), else a usage error."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, got {text!r}")
+    return value
+
+
+def _template_defaults(value: Any) -> dict[str, Any] | None:
+    """``--default-chat-template-kwargs`` from any source (a config file's table too)."""
+    if value is None or isinstance(value, dict):
+        return value
+    _usage_error(f"--default-chat-template-kwargs: a JSON object is needed, got {value!r}")
+
+
 def _uids(values: list[str | int] | None) -> tuple[int, ...] | None:
     """``--allowed-engine-uids`` as numbers (a usage error for anything else)."""
     if values is None:
@@ -1031,6 +1063,8 @@ def _config_from_args(args: argparse.Namespace, engine_args: list[str]) -> Any:
         "chat_template": _chat_template(args),
         "chat_template_content_format": args.chat_template_content_format,
         "trust_request_chat_template": args.trust_request_chat_template,
+        "default_chat_template_kwargs": _template_defaults(args.default_chat_template_kwargs),
+        "response_role": args.response_role,
         "enable_log_requests": args.enable_log_requests,
         "allowed_origins": tuple(_flatten(args.allowed_origins)),
         "allowed_methods": tuple(_flatten(args.allowed_methods)),

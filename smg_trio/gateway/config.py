@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import attrs
 
 __all__ = [
@@ -144,6 +147,11 @@ class GatewayHttpConfig:
     enable_auto_tool_choice: bool = False
     enable_prompt_tokens_details: bool = False
     trust_request_chat_template: bool = False
+    #: vLLM's ``--default-chat-template-kwargs``: template variables under each request's
+    #: ``chat_template_kwargs`` (a request value wins, unless ``null`` or ``"auto"``).
+    default_chat_template_kwargs: Mapping[str, Any] | None = None
+    #: vLLM's ``--response-role``: the reply's role with ``add_generation_prompt`` (chat).
+    response_role: str = "assistant"
     #: vLLM's ``--enable-log-requests`` (one INFO line per inference request) and
     #: ``--max-log-len`` (the most body characters in it; ``None``: all).
     enable_log_requests: bool = False

@@ -322,8 +322,8 @@ class TokenSpeedProtocol:
     )
 
     def validate(self, request: GenerateRequest) -> None:
-        """Reject top-k logprobs, prompt logprobs, ``choice`` constraints, finite ``top_k`` >= 128
-        and out-of-range seeds. Raises ``UnsupportedField``/``ValidationError``."""
+        """Reject top-k logprobs, prompt logprobs, ``choice`` constraints, finite ``top_k`` >= 128,
+        out-of-range seeds and vLLM's ``allowed_token_ids``, ``bad_words``, ``cache_salt``. Raises ``UnsupportedField``/``ValidationError``."""
         if request.pooling is not None:  # its wire has no pooling params nor pooled output
             raise UnsupportedField("pooling", "TokenSpeed", "the engine generates only")
         s = request.sampling
@@ -341,6 +341,13 @@ class TokenSpeedProtocol:
             build_sampling_params(request)
         if request.priority:
             raise UnsupportedField("priority", "TokenSpeed", "its request carries no priority")
+        for name, value in (
+            ("allowed_token_ids", s.allowed_token_ids),
+            ("bad_words", s.bad_words),
+            ("cache_salt", request.cache_salt),
+        ):
+            if value:
+                raise UnsupportedField(name, "TokenSpeed", "its request has no such field")
         if request.lora is not None:
             raise UnsupportedField(
                 "model", "TokenSpeed", "its request carries no LoRA adapter; name the base model"

@@ -181,6 +181,12 @@ class SamplingOptions(msgspec.Struct, kw_only=True):
     spaces_between_special_tokens: bool = True
     #: vLLM's ``kv_transfer_params`` (to its KV connector, in ``extra_args``).
     kv_transfer_params: dict[str, Any] | None = None
+    #: vLLM's ``allowed_token_ids``: only these ids may be sampled (in the vocabulary).
+    allowed_token_ids: list[int] | None = None
+    #: vLLM's ``bad_words`` and the id sequences the gateway tokenized them to (vLLM's
+    #: ``update_from_tokenizer``: EngineCore has no tokenizer).
+    bad_words: list[str] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
 
 
 class LoraRequest(msgspec.Struct, array_like=True, frozen=True):
@@ -238,6 +244,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     #: Set for a pooling request (embeddings, classification, scores): the engine pools the
     #: prompt instead of sampling (``sampling`` is then not sent).
     pooling: PoolingOptions | None = None
+    #: vLLM's ``cache_salt``: the engine's prefix-cache blocks are keyed by it (so requests
+    #: share cached prefixes only with the same salt); ``cache_aware`` routing keys by it too.
+    cache_salt: str | None = None
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):

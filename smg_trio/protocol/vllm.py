@@ -377,6 +377,11 @@ def build_sampling_params(req: GenerateRequest) -> dict[str, Any]:
         p["structured_outputs"] = _structured(s.structured_outputs)
     if s.kv_transfer_params is not None:  # vLLM's request model puts it in extra_args
         p["extra_args"] = {"kv_transfer_params": s.kv_transfer_params}
+    if s.allowed_token_ids is not None:
+        p["allowed_token_ids"] = s.allowed_token_ids
+    if s.bad_words:  # vLLM's frontend tokenizes them into _bad_words_token_ids
+        p["bad_words"] = s.bad_words
+        p["_bad_words_token_ids"] = s.bad_words_token_ids or []
     return p
 
 
@@ -439,6 +444,7 @@ class VllmProtocol:
             client_index=self.client_index,
             priority=request.priority,
             lora_request=request.lora,
+            cache_salt=request.cache_salt,
             trace_headers=request.trace_headers,
         )
         return [ADD, encoder.encode(wire)]

@@ -120,6 +120,8 @@ def _http_config(config: GatewayConfig) -> GatewayHttpConfig:
         enable_auto_tool_choice=config.enable_auto_tool_choice,
         enable_prompt_tokens_details=config.enable_prompt_tokens_details,
         trust_request_chat_template=config.trust_request_chat_template,
+        default_chat_template_kwargs=config.default_chat_template_kwargs,
+        response_role=config.response_role,
         enable_log_requests=config.enable_log_requests,
         max_log_len=config.max_log_len,
         allowed_origins=tuple(config.allowed_origins),

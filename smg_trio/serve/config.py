@@ -131,6 +131,9 @@ class GatewayConfig:
     chat_template: str | None = None
     chat_template_content_format: str = "auto"
     trust_request_chat_template: bool = False
+    #: vLLM's ``--default-chat-template-kwargs`` and ``--response-role``.
+    default_chat_template_kwargs: dict[str, Any] | None = None
+    response_role: str = "assistant"
     #: vLLM's ``--enable-log-requests`` and ``--max-log-len``.
     enable_log_requests: bool = False
     max_log_len: int | None = None

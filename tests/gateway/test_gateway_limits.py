@@ -168,21 +168,46 @@ async def test_prompt_that_cannot_fit_is_refused_before_encoding(
     assert spy.encodes == []
 
 
-async def test_prompt_plus_max_tokens_that_cannot_fit_names_max_tokens(
+async def test_max_tokens_above_the_context_is_refused_before_encoding(
     harness: HarnessFactory, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """vLLM 0.32's renderer check (``build_tok_params``): a ``max_tokens`` (or chat's
+    ``max_completion_tokens``) above ``max_model_len`` is a 400 naming it, in vLLM's words,
+    before the prompt is encoded."""
     spy = EncodeSpy(tok, monkeypatch)
-    bound = tok.max_token_chars
-    assert bound is not None
     with trio.fail_after(DEADLINE_S):
         async with harness() as h:
             ctx = h.served.max_model_len
-            text = "a" * (bound * (ctx // 2))
-            resp = await h.complete(prompt=text, max_tokens=ctx // 2 + 10)
+            resp = await h.complete(prompt="a" * 1000, max_tokens=ctx + 1)
             assert resp.status_code == 400, resp.text
             assert _err(resp)["param"] == "max_tokens"
-            assert _err(resp)["code"] == "context_length_exceeded"
+            assert f"cannot be greater than max_model_len={ctx}" in _err(resp)["message"]
+            resp = await h.chat(max_completion_tokens=ctx + 1)
+            assert _err(resp)["param"] == "max_completion_tokens"
+            body = {"model": "M", "input": "hi", "max_output_tokens": ctx + 1}
+            resp = await h.http.post("/v1/responses", json=body)
+            assert _err(resp)["param"] == "max_output_tokens"
+            assert h.engine.requests == []
     assert spy.encodes == []
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_max_tokens_above_the_context_left_is_clamped(
+    harness: HarnessFactory, path: str
+) -> None:
+    """vLLM 0.32's ``get_max_tokens``: ``max_tokens`` above what the prompt leaves of the
+    context is clamped to it, not refused (chat and completions, as Messages)."""
+    with trio.fail_after(DEADLINE_S):
+        async with harness(eos_after=2) as h:
+            ctx = h.served.max_model_len
+            text = "hello " * 10
+            if path == CHAT:
+                resp = await h.chat(messages=[{"role": "user", "content": text}], max_tokens=ctx)
+            else:
+                resp = await h.complete(prompt=text, max_tokens=ctx)
+            assert resp.status_code == 200, resp.text
+            sent = h.engine.requests[-1]
+            assert sent.max_tokens == ctx - len(sent.prompt_token_ids)
 
 
 async def test_token_id_prompt_longer_than_the_context_is_refused_directly(

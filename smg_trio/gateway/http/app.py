@@ -17,6 +17,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from smg_trio import __version__
 from smg_trio.backend import GatewayBackend
 from smg_trio.gateway.config import DEFAULT_WRITE_TIMEOUT_S, GatewayHttpConfig
+from smg_trio.gateway.http.background import background_log, event_log_response
 from smg_trio.gateway.http.call import JSON_TYPE, Gateway, json_response
 from smg_trio.gateway.http.cors import Cors
 from smg_trio.gateway.http.fastroute import InferenceRoutes
@@ -186,7 +187,18 @@ def create_app(
                 raise _response_not_found(response_id)
             return entry.response_json
 
-        return authed_json(stored)
+        req = _current()
+        if req.args.get("stream", "").lower() not in ("true", "1"):
+            return authed_json(stored)
+        rid = gw.request_id(req)
+        try:  # vLLM's background stream, from after ``starting_after``
+            gw.check_auth(req)
+            stored()
+            return event_log_response(
+                *background_log(background, response_id, req.args.get("starting_after")), rid
+            )
+        except ApiError as exc:
+            return json_response(exc.status, exc.body(), rid)
 
     @app.post("/v1/responses/<response_id>/cancel")
     async def cancel_response(response_id: str) -> Response:

@@ -546,7 +546,7 @@ class RequestCall:
     def route_of(self, body: object) -> RouteRequest | None:
         """What ``cache_aware`` routes this request by: the first choice's prompt, its LoRA
         adapter (the KV blocks' chain seed; the LoRA affinity prefers the workers holding it),
-        and the session key (the ``x-session-id`` header, else the body's ``prompt_cache_key``, else
+        its ``cache_salt`` (an extra key of the first block, as the engine's), and the session key (the ``x-session-id`` header, else the body's ``prompt_cache_key``, else
         its ``user``), which makes the routing sticky."""
         if not self.subs:
             return None
@@ -556,8 +556,12 @@ class RequestCall:
                 break
             value = getattr(body, name, None)
             key = value if isinstance(value, str) and value else None
+        first = self.subs[0].request
         return RouteRequest(
-            self.subs[0].request.prompt_token_ids, lora_name=self._adapter, session_key=key
+            first.prompt_token_ids,
+            lora_name=self._adapter,
+            cache_salt=first.cache_salt,
+            session_key=key,
         )
 
     def _hint_rank(self, lease: WorkerLease) -> None:

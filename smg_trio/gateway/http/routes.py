@@ -99,7 +99,8 @@ def inference_routes(
     routes["/invocations"] = _route(gw, INVOCATIONS)  # vLLM's SageMaker route
     routes["/v1/chat/completions/batch"] = _route(gw, CHAT_BATCH)  # vLLM 0.32's
     routes.update(pooling_routes(gw))  # embeddings, classify, score, rerank (docs/pooling.md)
-    tok = utility_route(gw, "tokenize", TokenizeRequest, tokenize)
+    defaults = gw.config.default_chat_template_kwargs  # vLLM's tokenize renders with them
+    tok = utility_route(gw, "tokenize", TokenizeRequest, lambda b, s: tokenize(b, s, defaults))
     detok = utility_route(gw, "detokenize", DetokenizeRequest, detokenize)
     routes.update({"/tokenize": tok, "/v1/tokenize": tok})
     routes.update({"/detokenize": detok, "/v1/detokenize": detok})

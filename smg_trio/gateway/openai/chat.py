@@ -36,6 +36,7 @@ from smg_trio.gateway.openai.schemas import (
     ToolCallDeltaOut,
     ToolCallOut,
 )
+from smg_trio.gateway.openai.template_kwargs import merge_template_kwargs
 from smg_trio.gateway.openai.textgen import ChoiceCollector, ChoicePipeline, TextDelta
 from smg_trio.gateway.openai.tools import ToolPlan, plan_tools, tool_specs
 from smg_trio.gateway.openai.translate import (
@@ -99,12 +100,13 @@ def _check_messages(messages: Sequence[dict[str, Any]]) -> None:
             )
 
 
-def _echo_of(body: ChatCompletionRequest) -> tuple[str, str]:
+def _echo_of(body: ChatCompletionRequest, response_role: str) -> tuple[str, str]:
     """``(role, echoed text)`` as vLLM 0.32's chat serving has them: the reply's role is
-    ``assistant`` with ``add_generation_prompt``, else the last message's (the model continues
-    it); with ``echo`` the last message's text is echoed when its role is the reply's."""
+    ``--response-role`` (``assistant``) with ``add_generation_prompt``, else the last
+    message's (the model continues it); with ``echo`` the last message's text is echoed when
+    its role is the reply's."""
     last = body.messages[-1] if body.messages else {}
-    role = "assistant" if body.add_generation_prompt is not False else str(last.get("role"))
+    role = response_role if body.add_generation_prompt is not False else str(last.get("role"))
     if not body.echo or last.get("role") != role:
         return role, ""
     content = last.get("content") or ""
@@ -219,6 +221,11 @@ class ChatDraft:
         body, tok = self.body, self.served.tokenizer
         check_grammar(self.plan.sampling.structured_outputs, self.plan.structured_param)
         template, kwargs = split_request_template(body, tok.content_format)
+        kwargs = merge_template_kwargs(
+            kwargs,
+            reasoning_effort=body.reasoning_effort,
+            defaults=self.config.default_chat_template_kwargs,
+        )
         prompt = tok.apply_chat_template(
             body.messages,
             tools=body.tools,
@@ -252,9 +259,13 @@ class ChatDraft:
             plan.n,
             "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
         )
-        reasoning = reasoning_tags(
-            served.reasoning_parser or config.reasoning_parser, prompt, body.chat_template_kwargs
+        parser = served.reasoning_parser or config.reasoning_parser
+        kwargs = merge_template_kwargs(
+            body.chat_template_kwargs,
+            reasoning_effort=body.reasoning_effort,
+            defaults=config.default_chat_template_kwargs,
         )
+        reasoning = reasoning_tags(parser, prompt, kwargs)
         requests = build_requests(
             plan,
             served,
@@ -284,7 +295,8 @@ class ChatDraft:
             prompt_ids=prompt_ids,
             prompt_k=body.prompt_logprobs,
             prompt_tokens_details=config.enable_prompt_tokens_details,
-            echo=_echo_of(body),
+            echo=_echo_of(body, config.response_role),
+            hide_reasoning=body.include_reasoning is False and parser is not None,
         )
 
 
@@ -314,6 +326,10 @@ class ChatJob:
     #: Report ``usage.prompt_tokens_details`` (``--enable-prompt-tokens-details``).
     prompt_tokens_details: bool = False
     choices_per_prompt: int = 1
+    #: vLLM's ``include_reasoning: false`` with a reasoning parser: the answer has no
+    #: ``reasoning``, and no ``logprobs`` nor ``token_ids`` (they would show it); a streamed
+    #: chunk that carried only reasoning is not sent.
+    hide_reasoning: bool = False
 
     def renderer(self) -> ChatStreamRenderer:
         """The ``chat.completion.chunk`` renderer of this request's stream."""
@@ -338,13 +354,13 @@ class ChatJob:
                     ToolCallOut(id=c.id, function=FunctionCallOut(c.name, c.arguments))
                     for c in calls
                 ]
-            if self.reasoning:
+            if self.reasoning and not self.hide_reasoning:
                 message.reasoning = "".join(collected.reasoning[i]) or None
             lps = None
-            if k is not None:
+            if k is not None and not self.hide_reasoning:
                 lps = chat_logprobs(tok, merge_runs(collected.logprobs[i]), k)
             choice = ChatChoice(i, message, lps, p.finish_reason, p.stop_reason)
-            choice.token_ids = p.token_ids
+            choice.token_ids = None if self.hide_reasoning else p.token_ids
             choices.append(choice)
         out = ChatCompletion(
             id=self.ids.response_id,
@@ -423,6 +439,7 @@ class ChatStreamRenderer:
         self._prompt_ids = job.prompt_ids
         self._sent = [0] * len(job.subs)  # token ids already sent, per choice
         self._echo = job.echo
+        self._hide = job.hide_reasoning
 
     def start(self) -> bytes:
         usage = self._usage.running()
@@ -443,15 +460,18 @@ class ChatStreamRenderer:
         return b"".join(frames)
 
     def delta(self, sub: SubRequest, delta: TextDelta) -> bytes:
-        lp = None
-        if self._k is not None and delta.logprobs is not None and len(delta.logprobs):
-            lp = chat_logprobs(self._tok, delta.logprobs, self._k)
+        hide = self._hide
         finish = delta.finish_reason
+        if hide and not delta.text and not delta.tool_calls and finish is None:
+            return b""  # vLLM: a reasoning-only delta is not sent with include_reasoning false
+        lp = None
+        if self._k is not None and delta.logprobs is not None and len(delta.logprobs) and not hide:
+            lp = chat_logprobs(self._tok, delta.logprobs, self._k)
         choice = ChunkChoice(
             sub.pipeline.index,
             Delta(
                 content=delta.text if delta.text else UNSET,
-                reasoning=delta.reasoning if delta.reasoning else UNSET,
+                reasoning=delta.reasoning if delta.reasoning and not hide else UNSET,
                 tool_calls=_tool_call_deltas(delta) if delta.tool_calls else UNSET,
             ),
             lp,
@@ -459,7 +479,7 @@ class ChatStreamRenderer:
             UNSET if finish is None else delta.stop_reason,
         )
         ids = sub.pipeline.token_ids
-        if ids is not None:
+        if ids is not None and not hide:
             i = sub.pipeline.index
             choice.token_ids, self._sent[i] = ids[self._sent[i] :], len(ids)
         usage = self._usage.running()

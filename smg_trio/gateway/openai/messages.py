@@ -295,21 +295,15 @@ class MessagesApi:
             tool_choice=_chat_tool_choice(body.tool_choice),
             parallel_tool_calls=_parallel(body.tool_choice),
             chat_template_kwargs=_template_kwargs(body.thinking),
+            cache_salt=body.cache_salt,
         )
         stops = tuple(body.stop_sequences or ())
-        ctx = served.max_model_len
-        if body.max_tokens > ctx:  # vLLM 0.32's renderer check, in its words
-            raise ValidationError(
-                f"max_tokens={body.max_tokens} cannot be greater than max_model_len={ctx}. "
-                "Please request fewer output tokens.",
-                param="max_tokens",
-            )
         try:
             draft = CHAT.check(chat, served, config)
         except ValidationError as exc:
             raise needs_flags(exc, 'tool_choice {"type": "any"}, "tool" and "none"') from None
-        # Claude Code asks every model for 32000: the context left clamps it (vLLM 0.32).
-        draft = attrs.evolve(draft, plan=attrs.evolve(draft.plan, clamp_max_tokens=True))
+        # Claude Code asks every model for 32000: the context left clamps it (vLLM 0.32's
+        # get_max_tokens, as for chat; above max_model_len it is a 400, build_plan).
         return MessagesDraft(draft, stops)
 
 

@@ -40,6 +40,8 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     top_k: Annotated[int, Meta(ge=-1)] | None = None
     stream: bool | None = False
     metadata: dict[str, Any] | None = None
+    #: vLLM's: the engine's prefix cache (and ``cache_aware`` routing) key blocks by it.
+    cache_salt: str | None = None
 
 
 class CountTokensResponse(msgspec.Struct):

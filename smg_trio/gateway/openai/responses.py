@@ -227,12 +227,6 @@ class ResponsesApi:
                 )
             if body.store is False:  # vLLM 0.32's rule and words
                 raise _bad("background can only be used when `store` is true", "background")
-            if body.stream:
-                raise _bad(
-                    "background responses are not streamed here: poll GET /v1/responses/{id}",
-                    "stream",
-                    "unsupported_field",
-                )
         if body.n not in (None, 1):
             raise _bad(
                 "n is not supported: a response has one output (send one request per output)",
@@ -269,8 +263,17 @@ class ResponsesApi:
             tool_choice=_chat_tool_choice(body.tool_choice),
             parallel_tool_calls=body.parallel_tool_calls,
             response_format=_response_format(body.text),
-            chat_template_kwargs=None if effort is None else {"reasoning_effort": effort},
+            reasoning_effort=effort,  # vLLM: a template variable, with enable_thinking
+            cache_salt=body.cache_salt,
+            include_reasoning=body.include_reasoning,
         )
+        ctx, mot = served.max_model_len, body.max_output_tokens
+        if mot is not None and mot > ctx:  # vLLM 0.32's renderer check, under this API's name
+            raise _bad(
+                f"max_output_tokens={mot} cannot be greater than max_model_len={ctx}. "
+                "Please request fewer output tokens.",
+                "max_output_tokens",
+            )
         try:
             draft = CHAT.check(chat, served, config)
         except ValidationError as exc:
@@ -401,7 +404,7 @@ class ResponsesJob(ChatJobView):
         """``output_text.logprobs`` of ``runs`` (vLLM's entries: token, logprob, bytes,
         top_logprobs), ``[]`` unless ``include`` asks for them."""
         k = self.chat.top_logprobs
-        if k is None or not runs:
+        if k is None or not runs or self.chat.hide_reasoning:  # vLLM hides them with it
             return []
         entries = chat_logprobs(self.chat.served.tokenizer, merge_runs(runs), k).content
         out: list[dict[str, Any]] = msgspec.to_builtins(entries)
@@ -412,7 +415,7 @@ class ResponsesJob(ChatJobView):
         assert collected is not None
         output: list[dict[str, Any]] = []
         reasoning = "".join(collected.reasoning[0])
-        if reasoning:
+        if reasoning and not self.chat.hide_reasoning:
             output.append(_reasoning_item(_item_id("rs_"), reasoning, "completed"))
         text = "".join(collected.text[0])
         calls = merge_calls(collected.tool_calls[0], "call_")
@@ -549,7 +552,9 @@ class ResponsesStreamRenderer:
 
     def delta(self, sub: SubRequest, delta: TextDelta) -> bytes:
         out: list[bytes] = []
-        if delta.reasoning:
+        if delta.reasoning and self._job.chat.hide_reasoning:
+            self._reasoning.append(delta.reasoning)  # counted in usage, never sent
+        elif delta.reasoning:
             if self._open != "reasoning":
                 out.append(
                     self._begin("reasoning", _reasoning_item(_item_id("rs_"), None, "in_progress"))

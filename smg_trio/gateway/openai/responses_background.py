@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 import attrs
 import trio
 
-__all__ = ["BackgroundResponses"]
+from smg_trio.gateway.openai.responses_events import EventLog
+
+__all__ = ["FINISHED_LOGS", "BackgroundResponses"]
+
+#: Streamed background responses whose events are kept after they ended (the latest ones),
+#: for ``GET /v1/responses/{id}?stream=true``; each log holds at most ``MAX_LOG_BYTES``.
+FINISHED_LOGS = 64
 
 
 @attrs.define
@@ -23,6 +30,25 @@ class BackgroundResponses:
     limit: int
     #: Response id -> its cancel scope and the event set once it ended (and was stored).
     running: dict[str, tuple[trio.CancelScope, trio.Event]] = attrs.field(factory=dict)
+    #: Response id -> the events of a streamed one (running, or among the latest ended).
+    logs: dict[str, EventLog] = attrs.field(factory=dict)
+    _ended_logs: deque[str] = attrs.field(factory=deque)
+
+    def open_log(self, response_id: str) -> EventLog:
+        """A new event log for the streamed background response ``response_id``."""
+        log = self.logs[response_id] = EventLog()
+        return log
+
+    def close_log(self, response_id: str) -> None:
+        """The response ended: its followers end; its log is kept among the latest
+        :data:`FINISHED_LOGS` ended ones."""
+        log = self.logs.get(response_id)
+        if log is None:
+            return
+        log.close()
+        self._ended_logs.append(response_id)
+        while len(self._ended_logs) > FINISHED_LOGS:
+            self.logs.pop(self._ended_logs.popleft(), None)
 
     def has_room(self) -> bool:
         return len(self.running) < self.limit

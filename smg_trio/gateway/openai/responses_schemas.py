@@ -26,7 +26,7 @@ Includable = Literal[
 class ResponsesRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/responses``. ``input`` is a string or a list of items; ``store`` defaults
     to true, as OpenAI's. Unknown fields are ignored; ``n`` other than 1 is refused;
-    ``background`` needs the store and no ``stream``."""
+    ``background`` needs the store."""
 
     model: str | None = None
     input: str | list[dict[str, Any]]
@@ -54,6 +54,10 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     #: ``message.output_text.logprobs`` changes the answer (with ``top_logprobs``).
     include: list[Includable] | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    #: vLLM's: the engine's prefix cache (and ``cache_aware`` routing) key blocks by it.
+    cache_salt: str | None = None
+    #: vLLM's: ``false`` leaves the reasoning items (and the logprobs) out of the answer.
+    include_reasoning: bool | None = True
 
 
 class ResponseObject(msgspec.Struct, kw_only=True):

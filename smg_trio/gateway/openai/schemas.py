@@ -102,6 +102,12 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     #: vLLM's: keep this many prompt tokens (-1: the context less one), from ``truncation_side``.
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None
     truncation_side: Literal["left", "right"] | None = None
+    #: vLLM's: only these token ids may be sampled.
+    allowed_token_ids: list[int] | None = None
+    #: vLLM's: words the model may not produce (tokenized by the gateway, as vLLM's frontend).
+    bad_words: list[str] | None = None
+    #: vLLM's: the engine's prefix cache (and ``cache_aware`` routing) key blocks by it.
+    cache_salt: str | None = None
     # Known fields this gateway cannot honour: rejected when set, never silently dropped.
     best_of: int | None = None
     use_beam_search: bool | None = False
@@ -129,6 +135,12 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
     echo: bool | None = False
+    #: vLLM's: a template variable (and ``enable_thinking`` unless the kwargs set it).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
+    #: vLLM's: ``false`` leaves the reasoning out of the answer (see ChatJob.hide_reasoning).
+    include_reasoning: bool | None = True
 
 
 class CompletionRequest(SamplingRequest, kw_only=True):

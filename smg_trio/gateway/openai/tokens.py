@@ -3,6 +3,7 @@ the served model's tokenizer and chat template."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -10,6 +11,7 @@ import msgspec
 from smg_trio.backend import ServedModel
 from smg_trio.errors import ValidationError
 from smg_trio.gateway.openai.chat import check_chat_input
+from smg_trio.gateway.openai.template_kwargs import merge_template_kwargs
 from smg_trio.gateway.openai.translate import encode_within_context
 
 __all__ = [
@@ -68,7 +70,11 @@ class VersionResponse(msgspec.Struct):
     version: str
 
 
-def tokenize(body: TokenizeRequest, served: ServedModel) -> TokenizeResponse:
+def tokenize(
+    body: TokenizeRequest,
+    served: ServedModel,
+    default_chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> TokenizeResponse:
     """Encode ``body.prompt``, or render ``body.messages`` with the chat template and encode
     that. Raises ``ValidationError`` (400) for neither or both, for options that contradict,
     for messages or tools that chat would refuse (:func:`check_chat_input`), and for a text
@@ -97,7 +103,9 @@ def tokenize(body: TokenizeRequest, served: ServedModel) -> TokenizeResponse:
             tools=body.tools,
             add_generation_prompt=bool(body.add_generation_prompt),
             continue_final_message=bool(body.continue_final_message),
-            chat_template_kwargs=body.chat_template_kwargs,
+            chat_template_kwargs=merge_template_kwargs(
+                body.chat_template_kwargs, defaults=default_chat_template_kwargs
+            ),
         )
         ids = encode_within_context(
             served, text, "messages", add_special_tokens=bool(body.add_special_tokens)

@@ -20,6 +20,11 @@ from smg_trio.gateway.openai.fanout import SEED_MODULUS, derive_seed, sub_reques
 from smg_trio.gateway.openai.schemas import SamplingRequest
 from smg_trio.gateway.openai.textgen import ChoiceParams
 from smg_trio.gateway.openai.tools import ToolPlan
+from smg_trio.gateway.openai.vocab_filters import (
+    allowed_token_ids,
+    bad_words_token_ids,
+    check_cache_salt,
+)
 from smg_trio.parsers.reasoning import ReasoningFactory, get_reasoning_format
 from smg_trio.protocol.types import (
     Capabilities,
@@ -79,11 +84,10 @@ class Plan:
     #: The client's field that set ``sampling.structured_outputs`` (``None``: no constraint,
     #: or the gateway's own for ``tool_choice``), for the grammar check's 400.
     structured_param: str | None = None
-    #: ``max_tokens`` above the context left is clamped to it rather than refused (vLLM
-    #: 0.32's ``get_max_tokens``; the Messages API sets it).
-    clamp_max_tokens: bool = False
     #: vLLM's ``return_token_ids``: the answer carries the prompt's and each choice's ids.
     return_token_ids: bool = False
+    #: vLLM's ``cache_salt``: sent on each engine request (its prefix-cache key).
+    cache_salt: str | None = None
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> ValidationError:
@@ -312,6 +316,15 @@ def build_plan(
     seed_max = min(caps.seed_max, SEED_MODULUS - 1)
     if seed is not None and not caps.seed_min <= seed <= seed_max:
         raise _bad(f"seed must be in [{caps.seed_min}, {seed_max}], got {seed}", "seed")
+    ctx = served.max_model_len
+    if max_tokens is not None and max_tokens > ctx:  # vLLM 0.32's renderer check, its words
+        mct = getattr(body, "max_completion_tokens", None)
+        param = "max_completion_tokens" if mct is not None else "max_tokens"
+        raise _bad(
+            f"{param}={max_tokens} cannot be greater than max_model_len={ctx}. "
+            "Please request fewer output tokens.",
+            param,
+        )
     min_tokens = body.min_tokens or 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise _bad(
@@ -321,8 +334,12 @@ def build_plan(
         raise UnsupportedField("min_p", caps.engine)
     if body.data_parallel_rank is not None and not caps.data_parallel_rank:
         raise UnsupportedField("data_parallel_rank", caps.engine)
-    if body.kv_transfer_params and caps.engine != "vllm":
-        raise UnsupportedField("kv_transfer_params", caps.engine)
+    for name in ("kv_transfer_params", "allowed_token_ids", "bad_words", "cache_salt"):
+        if getattr(body, name) and caps.engine != "vllm":  # vLLM EngineCore's fields
+            raise UnsupportedField(name, caps.engine)
+    allowed = allowed_token_ids(body.allowed_token_ids, vocab)
+    bad = bad_words_token_ids(body.bad_words, tokenizer)
+    cache_salt = check_cache_salt(body.cache_salt)
     logit_bias = None
     if body.logit_bias:
         if not caps.logit_bias:
@@ -370,6 +387,9 @@ def build_plan(
         skip_special_tokens=body.skip_special_tokens is not False,
         spaces_between_special_tokens=body.spaces_between_special_tokens is not False,
         kv_transfer_params=body.kv_transfer_params or None,  # vLLM sends a non-empty one
+        allowed_token_ids=allowed,
+        bad_words=None if bad is None else bad[0],
+        bad_words_token_ids=None if bad is None else bad[1],
     )
     return Plan(
         sampling=sampling,
@@ -384,6 +404,7 @@ def build_plan(
         priority=body.priority or 0,
         structured_param=None if structured_param == "tool_choice" else structured_param,
         return_token_ids=bool(body.return_token_ids),
+        cache_salt=cache_salt,
     )
 
 
@@ -393,8 +414,10 @@ def resolve_max_tokens(
     """``(engine max_tokens, gateway limit)`` for a prompt of ``prompt_len`` tokens.
 
     vLLM's default is the context left (``max_model_len - prompt_len``); an engine without
-    that rule gets ``None`` (its own default). Raises ``ValidationError`` 400
-    ``context_length_exceeded`` when the prompt leaves no room or ``max_tokens`` does not fit.
+    that rule gets ``None`` (its own default). A ``max_tokens`` above the context left is
+    clamped to it (vLLM 0.32's ``get_max_tokens``). Raises ``ValidationError`` 400
+    ``context_length_exceeded`` when the prompt leaves no room (vLLM: its ``max_tokens`` of
+    0 is refused by ``SamplingParams``).
     """
     ctx = served.max_model_len
     room = ctx - prompt_len
@@ -409,15 +432,7 @@ def resolve_max_tokens(
     if mt is None:
         default = served.protocol.capabilities.default_max_tokens_is_remaining_context
         return (room if default else None), room
-    if mt > room and plan.clamp_max_tokens:
-        return room, room
-    if mt > room:
-        raise ValidationError(
-            f"This model's maximum context length is {ctx} tokens. However, you requested "
-            f"{prompt_len + mt} tokens ({prompt_len} in the prompt, {mt} for the completion).",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
+    mt = min(mt, room)
     return mt, mt
 
 
@@ -429,24 +444,16 @@ def check_prompt_fits(plan: Plan, served: ServedModel, prompt: str, prompt_param
     ``context_length_exceeded`` as :func:`resolve_max_tokens`; nothing is refused that could
     fit."""
     lower = served.tokenizer.min_tokens(prompt, served.max_model_len)
-    _check_fits(plan, served, lower, prompt_param, "at least ")
+    _check_fits(served, lower, prompt_param, "at least ")
 
 
-def _check_fits(plan: Plan, served: ServedModel, lower: int, prompt_param: str, qual: str) -> None:
+def _check_fits(served: ServedModel, lower: int, prompt_param: str, qual: str) -> None:
     ctx = served.max_model_len
     if lower >= ctx:
         raise ValidationError(
             f"This model's maximum context length is {ctx} tokens, but the prompt has "
             f"{qual}{lower} tokens, which leaves no room for a completion.",
             param=prompt_param,
-            code="context_length_exceeded",
-        )
-    mt = plan.max_tokens
-    if mt is not None and lower + mt > ctx and not plan.clamp_max_tokens:
-        raise ValidationError(
-            f"This model's maximum context length is {ctx} tokens. However, you requested "
-            f"{qual}{lower + mt} tokens ({qual}{lower} in the prompt, {mt} for the completion).",
-            param="max_tokens",
             code="context_length_exceeded",
         )
 
@@ -483,7 +490,7 @@ def _too_long(ctx: int, count: str, param: str) -> ValidationError:
 def check_token_ids_fit(plan: Plan, served: ServedModel, count: int, prompt_param: str) -> None:
     """:func:`check_prompt_fits` for a token-id prompt of ``count`` ids (before checking
     each id)."""
-    _check_fits(plan, served, count, prompt_param, "")
+    _check_fits(served, count, prompt_param, "")
 
 
 def check_token_budget(
@@ -533,6 +540,7 @@ def build_requests(
             arrival_time=now,
             priority=plan.priority,
             lora=None if served.lora is None else served.lora.request,
+            cache_salt=plan.cache_salt,
         )
         served.protocol.validate(req)
         out.append(req)
