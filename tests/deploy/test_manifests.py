@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from smg_trio import cli
 from smg_trio.gateway.http.metrics import GatewayMetrics
+from smg_trio.lora import LoraRegistry
 
 yaml = pytest.importorskip("yaml")
 
@@ -56,7 +57,9 @@ def _check_smg_trio_argv(argv: list[str]) -> Any:
 def _exported_metric_names() -> set[str]:
     metrics = GatewayMetrics()
     backend = SimpleNamespace(
-        list_models=lambda: [SimpleNamespace(model_id="m")], engine_clients=list
+        list_models=lambda: [SimpleNamespace(model_id="m")],
+        engine_clients=list,
+        loras=LoraRegistry(),
     )
     metrics.watch_backend(backend)  # type: ignore[arg-type]
     body, _ = metrics.render()

@@ -58,15 +58,10 @@ async def test_invocations_bad_bodies_are_400s(harness: HarnessFactory) -> None:
 @pytest.mark.parametrize(
     "path",
     [
-        "/v1/embeddings",
         "/v1/audio/transcriptions",
+        "/v1/audio/translations",
         "/v1/images/generations",
-        "/pooling",
-        "/score",
-        "/v1/score",
-        "/rerank",
-        "/v1/rerank",
-        "/classify",
+        "/v1/moderations",
     ],
 )
 async def test_known_unserved_endpoint_is_404_with_the_served_list(
