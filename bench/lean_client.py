@@ -20,25 +20,17 @@ Per streamed request, TTFT, completion tokens and content chunks are read as
 from __future__ import annotations
 
 import argparse
-import asyncio  # noqa: TID251 (a separate client process, not smg_trio: uvloop is the lean choice)
 import json
 import sys
 import time
 from typing import Any
 
-from http1 import Http1Reader, HttpError
+from aio_client import Conn, measured, open_conns, ready_then_go, run_loop
+from http1 import HttpError
 
 
-class Conn(Http1Reader):
-    """One keep-alive HTTP/1.1 connection (the reader is :mod:`http1`'s)."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        super().__init__()
-        self.reader = reader
-        self.writer = writer
-
-    async def _receive(self) -> bytes:
-        return await self.reader.read(65536)
+class LeanConn(Conn):
+    """One keep-alive connection sending copies of one raw request."""
 
     async def request(self, raw: bytes, stream: bool) -> tuple[float | None, int, int]:
         """(TTFT s or None, completion tokens, content chunks) of one request."""
@@ -49,14 +41,8 @@ class Conn(Http1Reader):
 
 
 async def run(args: argparse.Namespace, raw: bytes) -> dict[str, Any]:
-    conns = []
-    for _ in range(args.connections):
-        reader, writer = await asyncio.open_connection("127.0.0.1", args.port, limit=1 << 20)
-        conns.append(Conn(reader, writer))
-    loop = asyncio.get_running_loop()
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    await loop.run_in_executor(None, sys.stdin.readline)  # "go"
+    conns = await open_conns(LeanConn, args.port, args.connections, limit=1 << 20)
+    await ready_then_go()
     out: dict[str, Any] = {
         "requests": 0,
         "errors": 0,
@@ -67,7 +53,7 @@ async def run(args: argparse.Namespace, raw: bytes) -> dict[str, Any]:
     }
     remaining = iter(range(args.requests))
 
-    async def worker(conn: Conn) -> None:
+    async def worker(conn: LeanConn) -> None:
         for _ in remaining:
             try:
                 ttft, tokens, chunks = await conn.request(raw, args.stream)
@@ -81,12 +67,7 @@ async def run(args: argparse.Namespace, raw: bytes) -> dict[str, Any]:
             if ttft is not None:
                 out["ttfts_s"].append(ttft)
 
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(worker(c) for c in conns))
-    out["wall_s"] = time.perf_counter() - wall0
-    out["cpu_s"] = time.process_time() - cpu0
-    for c in conns:
-        c.writer.close()
+    await measured(out, [worker(c) for c in conns], conns)
     return out
 
 
@@ -101,12 +82,7 @@ def main() -> None:
     args = p.parse_args()
     with open(args.request_file, "rb") as f:
         raw = f.read()
-    try:
-        import uvloop  # type: ignore[import-not-found]
-    except ImportError:
-        result = asyncio.run(run(args, raw))
-    else:
-        result = uvloop.run(run(args, raw))
+    result = run_loop(run(args, raw))
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
 

@@ -17,27 +17,19 @@ reported (when the gateway reports them), its wall time and its own CPU time.
 from __future__ import annotations
 
 import argparse
-import asyncio  # noqa: TID251 (a separate client process, not smg_trio: uvloop is the lean choice)
 import json
 import sys
 import time
 from typing import Any
 
-from http1 import Http1Reader, HttpError
+from aio_client import Conn, measured, open_conns, ready_then_go, run_loop
+from http1 import HttpError
 
 _DATA = b"data: "
 
 
-class Conn(Http1Reader):
-    """One keep-alive HTTP/1.1 connection (the reader is :mod:`http1`'s)."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        super().__init__()
-        self.reader = reader
-        self.writer = writer
-
-    async def _receive(self) -> bytes:
-        return await self.reader.read(65536)
+class ChatConn(Conn):
+    """One keep-alive connection carrying one session's streamed chats."""
 
     async def chat(self, port: int, body: bytes) -> tuple[float | None, str, int | None]:
         """(TTFT s, the answer's text, usage cached tokens or None) of one streamed chat."""
@@ -77,17 +69,11 @@ class Conn(Http1Reader):
 
 
 async def run(args: argparse.Namespace, sessions: list[dict[str, Any]]) -> dict[str, Any]:
-    conns = []
-    for _ in sessions:
-        reader, writer = await asyncio.open_connection("127.0.0.1", args.port, limit=1 << 22)
-        conns.append(Conn(reader, writer))
-    loop = asyncio.get_running_loop()
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    await loop.run_in_executor(None, sys.stdin.readline)  # "go"
+    conns = await open_conns(ChatConn, args.port, len(sessions), limit=1 << 22)
+    await ready_then_go()
     out: dict[str, Any] = {"requests": 0, "errors": 0, "ttft_s": [], "cached": [], "first": ""}
 
-    async def session(conn: Conn, spec: dict[str, Any]) -> None:
+    async def session(conn: ChatConn, spec: dict[str, Any]) -> None:
         messages: list[dict[str, str]] = [{"role": "system", "content": spec["system"]}]
         for turn in spec["turns"]:
             messages.append({"role": "user", "content": turn})
@@ -112,12 +98,8 @@ async def run(args: argparse.Namespace, sessions: list[dict[str, Any]]) -> dict[
                 out["cached"].append(cached)
             messages.append({"role": "assistant", "content": text})
 
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(session(c, s) for c, s in zip(conns, sessions, strict=True)))
-    out["wall_s"] = time.perf_counter() - t0
-    out["cpu_s"] = time.process_time() - cpu0
-    for conn in conns:
-        conn.writer.close()
+    runs = [session(c, s) for c, s in zip(conns, sessions, strict=True)]
+    await measured(out, runs, conns)
     return out
 
 
@@ -130,13 +112,7 @@ def main() -> None:
     args = p.parse_args()
     with open(args.sessions) as f:
         sessions = json.load(f)
-    try:
-        import uvloop  # type: ignore[import-not-found,unused-ignore]
-
-        runner: Any = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    result = runner(run(args, sessions))
+    result = run_loop(run(args, sessions))
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
 

@@ -44,7 +44,7 @@ from smg_trio.transport.peercred import (
     normalize_ip,
     read_tcp_tables,
 )
-from smg_trio.transport.tcp import TcpOptions
+from smg_trio.transport.tcp import TcpOptions, inet_names
 from smg_trio.transport.zsocket import ZmqSocket, ZmqSocketError
 
 __all__ = [
@@ -113,18 +113,10 @@ def judge_connection(fd: int, local_port: int, opts: TcpOptions) -> Verdict | No
     """The verdict on the tcp connection with descriptor ``fd`` (a socket monitor's), or
     ``None`` when ``fd`` is not (or no longer) a connection to ``local_port``: the number may
     have been reused by another socket, which must not be judged, let alone shut down."""
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
+    names = inet_names(fd)
+    if names is None:
         return None
-    try:
-        if sock.family not in (socket.AF_INET, socket.AF_INET6):
-            return None
-        local, peer = sock.getsockname(), sock.getpeername()
-    except OSError:
-        return None
-    finally:
-        sock.detach()  # the descriptor stays libzmq's
+    local, peer = names
     if local[1] != local_port:
         return None
     ours = (normalize_ip(local[0]), int(local[1]))

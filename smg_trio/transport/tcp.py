@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 import zmq
@@ -19,6 +20,7 @@ __all__ = [
     "advertised",
     "configure_heartbeat",
     "endpoint_port",
+    "inet_names",
     "is_wildcard_host",
     "peer_host",
     "shut_down_connection",
@@ -115,6 +117,19 @@ def peer_host(fd: int | None, local_port: int | None = None) -> str | None:
     client's, say), which must not be judged, let alone shut down, as an engine's."""
     if fd is None or fd < 0:
         return None
+    names = inet_names(fd)
+    if names is None:
+        return None
+    local, peer = names
+    if local_port is not None and local[1] != local_port:
+        return None
+    return str(peer[0])
+
+
+def inet_names(fd: int) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    """The local and peer addresses (``getsockname``, ``getpeername``) of the connected inet
+    socket with descriptor ``fd``, or ``None`` when it is not one (gone, ipc, unconnected).
+    The descriptor is only borrowed: it stays its owner's (libzmq's)."""
     try:
         sock = socket.socket(fileno=fd)
     except OSError:
@@ -122,9 +137,7 @@ def peer_host(fd: int | None, local_port: int | None = None) -> str | None:
     try:
         if sock.family not in (socket.AF_INET, socket.AF_INET6):
             return None
-        if local_port is not None and sock.getsockname()[1] != local_port:
-            return None
-        return str(sock.getpeername()[0])
+        return sock.getsockname(), sock.getpeername()
     except OSError:
         return None
     finally:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,14 +16,11 @@ import httpx
 import numpy as np
 import pytest
 
-from peers.tools import peer_paths, vllm_engine_command, vllm_engine_env, vllm_missing_reason
+from peers.tools import vllm_missing_reason
 from tests.helpers.e2e import (
-    ENGINE_STARTUP_S,
-    handshake_port,
-    ipc_worker,
-    log_tail,
+    launched_with_vllm,
     require_e2e,
-    smg_trio_with_vllm,
+    vllm_reference,
 )
 from tests.helpers.ports import free_port
 
@@ -73,34 +68,15 @@ def cross_gateway(cross_model: Path, tmp_path_factory: pytest.TempPathFactory) -
     require_e2e(vllm_missing_reason())
     logs = tmp_path_factory.mktemp("cross-gateway")
     port = free_port()
-    with ipc_worker() as addresses:
-        engine_cmd = vllm_engine_command(
-            cross_model, handshake_port(addresses), extra_args=POOLING_ARGS
-        )
-        gateway_cmd = [
-            sys.executable,
-            "-m",
-            "smg_trio",
-            "launch",
-            "--worker-urls",
-            addresses.url,
-            "--backend",
-            "vllm",
-            "--model-path",
-            str(cross_model),
-            "--served-model-name",
-            MODEL,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "info",
-        ]
-        with smg_trio_with_vllm(
-            gateway_cmd, engine_cmd, port=port, logs=logs, engine_what="vLLM cross-encoder"
-        ) as (base, _gw, _eng):
-            yield base
+    with launched_with_vllm(
+        cross_model,
+        MODEL,
+        port=port,
+        logs=logs,
+        engine_args=POOLING_ARGS,
+        engine_what="vLLM cross-encoder",
+    ) as (base, _gw, _eng):
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -108,25 +84,9 @@ def reference(cross_model: Path, tmp_path_factory: pytest.TempPathFactory) -> li
     """vLLM's ``LLM.score`` of QUERY against DOCS (a subprocess of the vLLM venv)."""
     require_e2e(vllm_missing_reason())
     out = tmp_path_factory.mktemp("reference") / "scores.json"
-    log = out.with_suffix(".log")
-    with log.open("wb") as sink:
-        proc = subprocess.run(
-            [
-                str(peer_paths().vllm_python),
-                "-c",
-                REFERENCE_SCRIPT,
-                str(cross_model),
-                json.dumps({"query": QUERY, "docs": DOCS}),
-                str(out),
-            ],
-            env=vllm_engine_env(),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            timeout=ENGINE_STARTUP_S,
-            check=False,
-        )
-    assert proc.returncode == 0, log_tail(log)
-    scores: list[float] = json.loads(out.read_text())
+    scores: list[float] = vllm_reference(
+        REFERENCE_SCRIPT, cross_model, {"query": QUERY, "docs": DOCS}, out
+    )
     return scores
 
 

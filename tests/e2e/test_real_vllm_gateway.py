@@ -39,8 +39,8 @@ from tests.helpers.e2e import (
     gateway_with_vllm,
     handshake_port,
     ipc_worker,
+    launched_with_vllm,
     require_e2e,
-    smg_trio_with_vllm,
     wait_http,
 )
 from tests.helpers.ports import free_port
@@ -93,33 +93,11 @@ def trio_gateway(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     require_e2e(vllm_missing_reason())
     logs = tmp_path_factory.mktemp("trio-gateway")
     port = free_port()
-    with ipc_worker() as addresses:
-        engine_cmd = vllm_engine_command(tiny_model, handshake_port(addresses))
-        gateway_cmd = [
-            sys.executable,
-            "-m",
-            "smg_trio",
-            "launch",
-            "--worker-urls",
-            addresses.url,
-            "--backend",
-            "vllm",
-            "--model-path",
-            str(tiny_model),
-            "--served-model-name",
-            MODEL,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ]
-        with smg_trio_with_vllm(
-            gateway_cmd, engine_cmd, port=port, logs=logs, engine_what="vLLM engine A"
-        ) as (base, gw, _eng):
-            yield Gateway("smg_trio", base, MODEL, gw, logs / "smg_trio.log")
-            assert_alive(gw, logs / "smg_trio.log", "smg_trio gateway")
+    with launched_with_vllm(
+        tiny_model, MODEL, port=port, logs=logs, log_level="warning", engine_what="vLLM engine A"
+    ) as (base, gw, _eng):
+        yield Gateway("smg_trio", base, MODEL, gw, logs / "smg_trio.log")
+        assert_alive(gw, logs / "smg_trio.log", "smg_trio gateway")
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,7 @@ mid-batch leaves nothing running on the engine."""
 from __future__ import annotations
 
 import base64
-import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -22,14 +19,11 @@ import openai
 import pytest
 import trio
 
-from peers.tools import peer_paths, vllm_engine_command, vllm_engine_env, vllm_missing_reason
+from peers.tools import vllm_missing_reason
 from tests.helpers.e2e import (
-    ENGINE_STARTUP_S,
-    handshake_port,
-    ipc_worker,
-    log_tail,
+    launched_with_vllm,
     require_e2e,
-    smg_trio_with_vllm,
+    vllm_reference,
 )
 from tests.helpers.ports import free_port
 
@@ -57,34 +51,15 @@ def pooling_gateway(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) 
     require_e2e(vllm_missing_reason())
     logs = tmp_path_factory.mktemp("pooling-gateway")
     port = free_port()
-    with ipc_worker() as addresses:
-        engine_cmd = vllm_engine_command(
-            tiny_model, handshake_port(addresses), extra_args=POOLING_ARGS
-        )
-        gateway_cmd = [
-            sys.executable,
-            "-m",
-            "smg_trio",
-            "launch",
-            "--worker-urls",
-            addresses.url,
-            "--backend",
-            "vllm",
-            "--model-path",
-            str(tiny_model),
-            "--served-model-name",
-            MODEL,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "info",
-        ]
-        with smg_trio_with_vllm(
-            gateway_cmd, engine_cmd, port=port, logs=logs, engine_what="vLLM pooling engine"
-        ) as (base, _gw, _eng):
-            yield base
+    with launched_with_vllm(
+        tiny_model,
+        MODEL,
+        port=port,
+        logs=logs,
+        engine_args=POOLING_ARGS,
+        engine_what="vLLM pooling engine",
+    ) as (base, _gw, _eng):
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -92,25 +67,7 @@ def reference(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> lis
     """vLLM's ``LLM.embed`` vectors of :data:`PROMPTS` (a subprocess of the vLLM venv)."""
     require_e2e(vllm_missing_reason())
     out = tmp_path_factory.mktemp("reference") / "embeddings.json"
-    log = out.with_suffix(".log")
-    with log.open("wb") as sink:
-        proc = subprocess.run(
-            [
-                str(peer_paths().vllm_python),
-                "-c",
-                REFERENCE_SCRIPT,
-                str(tiny_model),
-                json.dumps(PROMPTS),
-                str(out),
-            ],
-            env=vllm_engine_env(),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            timeout=ENGINE_STARTUP_S,
-            check=False,
-        )
-    assert proc.returncode == 0, log_tail(log)
-    vectors: list[list[float]] = json.loads(out.read_text())
+    vectors: list[list[float]] = vllm_reference(REFERENCE_SCRIPT, tiny_model, PROMPTS, out)
     return vectors
 
 

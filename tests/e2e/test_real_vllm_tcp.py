@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ import pytest
 
 from peers.tools import vllm_engine_command, vllm_missing_reason
 from tests.helpers.e2e import (
+    launch_command,
     require_e2e,
     smg_trio_with_vllm,
 )
@@ -59,26 +59,9 @@ def tcp_gateway(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     require_e2e(vllm_missing_reason())
     logs = tmp_path_factory.mktemp("tcp-gateway")
     port, rpc_port = free_port(), free_port()
-    gateway_cmd = [
-        sys.executable,
-        "-m",
-        "smg_trio",
-        "launch",
-        "--worker-urls",
-        f"tcp://127.0.0.1:{rpc_port}",
-        "--backend",
-        "vllm",
-        "--model-path",
-        str(tiny_model),
-        "--served-model-name",
-        MODEL,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "info",
-    ]
+    gateway_cmd = launch_command(
+        f"tcp://127.0.0.1:{rpc_port}", tiny_model, MODEL, port=port, log_level="info"
+    )
     engine_cmd = vllm_engine_command(tiny_model, rpc_port)
     with smg_trio_with_vllm(gateway_cmd, engine_cmd, port=port, logs=logs) as (base, gw, eng):
         yield TcpGateway(base, gw, eng, logs)

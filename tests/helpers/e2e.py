@@ -9,9 +9,11 @@ listens on 127.0.0.1; ipc paths live in short ``/tmp/smg-*`` directories.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -21,7 +23,14 @@ from typing import Any
 import httpx
 import pytest
 
-from peers.tools import repo_root, start_process_group, stop_process_group, vllm_engine_env
+from peers.tools import (
+    peer_paths,
+    repo_root,
+    start_process_group,
+    stop_process_group,
+    vllm_engine_command,
+    vllm_engine_env,
+)
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from tests.helpers.sse import sse_chunks
 
@@ -39,8 +48,11 @@ __all__ = [
     "gateway_with_vllm",
     "process_group",
     "smg_trio_with_vllm",
+    "launch_command",
+    "launched_with_vllm",
     "require_e2e",
     "stream_chat",
+    "vllm_reference",
     "wait_http",
 ]
 
@@ -143,6 +155,72 @@ def smg_trio_with_vllm(
 ]:
     """:func:`gateway_with_vllm` for smg_trio: ready once ``/readiness`` answers 200."""
     return gateway_with_vllm(gateway_cmd, engine_cmd, port=port, logs=logs, engine_what=engine_what)
+
+
+def launch_command(
+    worker_url: str, model_path: Path, served_model_name: str, *, port: int, log_level: str
+) -> list[str]:
+    """``python -m smg_trio launch`` of one vLLM worker at ``worker_url`` on 127.0.0.1."""
+    return [
+        sys.executable, "-m", "smg_trio", "launch",
+        "--worker-urls", worker_url,
+        "--backend", "vllm",
+        "--model-path", str(model_path),
+        "--served-model-name", served_model_name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--log-level", log_level,
+    ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def launched_with_vllm(
+    model_path: Path,
+    served_model_name: str,
+    *,
+    port: int,
+    logs: Path,
+    log_level: str = "info",
+    engine_args: Sequence[str] = (),
+    engine_what: str = "vLLM engine",
+) -> Iterator[tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
+    """One real vLLM engine (``engine_args`` added to its command) on an ipc worker and
+    ``smg_trio launch`` in front of it, for the block (:func:`smg_trio_with_vllm`)."""
+    with ipc_worker() as addresses:
+        engine_cmd = vllm_engine_command(
+            model_path, handshake_port(addresses), extra_args=engine_args
+        )
+        gateway_cmd = launch_command(
+            addresses.url, model_path, served_model_name, port=port, log_level=log_level
+        )
+        with smg_trio_with_vllm(
+            gateway_cmd, engine_cmd, port=port, logs=logs, engine_what=engine_what
+        ) as started:
+            yield started
+
+
+def vllm_reference(script: str, model_path: Path, args: Any, out: Path) -> Any:
+    """vLLM's own answer: ``script`` run in the vLLM venv as ``-c script MODEL ARGS_JSON OUT``
+    (its output beside ``out``, ``.log``); the JSON it wrote to ``out``."""
+    log = out.with_suffix(".log")
+    with log.open("wb") as sink:
+        proc = subprocess.run(
+            [
+                str(peer_paths().vllm_python),
+                "-c",
+                script,
+                str(model_path),
+                json.dumps(args),
+                str(out),
+            ],
+            env=vllm_engine_env(),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            timeout=ENGINE_STARTUP_S,
+            check=False,
+        )
+    assert proc.returncode == 0, log_tail(log)
+    return json.loads(out.read_text())
 
 
 def assert_alive(proc: subprocess.Popen[bytes], log_path: Path, what: str) -> None:

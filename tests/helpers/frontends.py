@@ -5,11 +5,13 @@ needs one process is marked :data:`single_frontend` and skips, with its reason, 
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
 
 import attrs
+import httpx
 import pytest
 import trio
 
@@ -18,6 +20,8 @@ from smg_trio.serve.config import GatewayConfig
 __all__ = [
     "API_SERVER_COUNT",
     "ENV",
+    "find_run_dir",
+    "frontend_client",
     "hold_chat_stream",
     "multi_frontend",
     "serve_args",
@@ -48,6 +52,20 @@ def single_frontend(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         multi_frontend, reason=f"{ENV}={API_SERVER_COUNT}: needs one frontend ({reason})"
     )
+
+
+def find_run_dir(sock_dir: str) -> str:
+    """The one run directory (``smg-trio-run-*``) a multi-frontend gateway made in
+    ``sock_dir``: its ``frontend-{i}.sock`` serve one frontend each."""
+    run_dirs = glob.glob(os.path.join(sock_dir, "smg-trio-run-*"))
+    assert len(run_dirs) == 1, run_dirs
+    return run_dirs[0]
+
+
+def frontend_client(run_dir: str, index: int) -> httpx.AsyncClient:
+    """A client of frontend ``index`` only (its private unix socket)."""
+    transport = httpx.AsyncHTTPTransport(uds=os.path.join(run_dir, f"frontend-{index}.sock"))
+    return httpx.AsyncClient(transport=transport, base_url="http://frontend", timeout=30)
 
 
 async def start_chat_stream(stream: trio.abc.Stream, body: dict[str, object]) -> str:

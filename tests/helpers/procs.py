@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
 
-__all__ = ["alive", "descendants", "engine_pids", "kill_leftovers", "wait_all_gone"]
+__all__ = [
+    "alive",
+    "descendants",
+    "engine_pids",
+    "kill_leftovers",
+    "read_until_ready",
+    "spawned",
+    "wait_all_gone",
+]
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -78,7 +89,10 @@ async def kill_leftovers(proc: trio.Process, pids: set[int]) -> None:
         await proc.wait()
     for pid in pids:
         if alive(pid):
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # gone since
 
 
 async def read_until_ready(stream: trio.abc.ReceiveStream, what: str = "serve") -> str:
@@ -91,3 +105,19 @@ async def read_until_ready(stream: trio.abc.ReceiveStream, what: str = "serve") 
             if line.startswith("smg_trio ready on "):
                 return line
     raise AssertionError(f"{what} exited before it was ready; stdout: {buf!r}")
+
+
+@asynccontextmanager
+async def spawned(
+    argv: Sequence[str], *, stderr_path: Path, env: Mapping[str, str]
+) -> AsyncIterator[trio.Process]:
+    """``argv`` running for the block, its stdout piped (for :func:`read_until_ready`) and its
+    stderr in ``stderr_path``; afterwards it and every process below it killed."""
+    with stderr_path.open("wb") as stderr:
+        proc = await trio.lowlevel.open_process(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
+        )
+    try:
+        yield proc
+    finally:
+        await kill_leftovers(proc, descendants(proc.pid))

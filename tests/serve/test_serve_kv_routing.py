@@ -4,12 +4,10 @@ between the frontends stays on the engine that holds its prefix."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
 import signal
-import subprocess
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -19,11 +17,11 @@ import pytest
 import trio
 
 from smg_trio.mock.tiny_model import default_tiny_model_dir
-from tests.helpers.frontends import single_frontend
+from tests.helpers.frontends import find_run_dir, frontend_client, single_frontend
 from tests.helpers.ipc import free_handshake_address
 from tests.helpers.kv_publisher import BLOCK, PublishedEngine, PublishingMock, kv_publisher
 from tests.helpers.ports import free_port
-from tests.helpers.procs import descendants, read_until_ready
+from tests.helpers.procs import read_until_ready, spawned
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,14 +29,8 @@ pytestmark = [
 ]
 
 
-def frontend(run_dir: str, index: int) -> httpx.AsyncClient:
-    """A client of one frontend only (its private unix socket)."""
-    transport = httpx.AsyncHTTPTransport(uds=os.path.join(run_dir, f"frontend-{index}.sock"))
-    return httpx.AsyncClient(transport=transport, base_url="http://frontend", timeout=30)
-
-
 async def batches_seen(run_dir: str, index: int) -> float:
-    async with frontend(run_dir, index) as c:
+    async with frontend_client(run_dir, index) as c:
         text = (await c.get("/_smg/metrics")).text
     return sum(
         float(m.group(1))
@@ -64,12 +56,7 @@ async def test_two_frontends_route_a_conversation_to_the_engine_holding_it(
         "--served-model-name", "m", "--discovery-provider", "file",
         "--discovery-file", str(discovery),
     ]  # fmt: skip
-    stderr_path = tmp_path / "launch.stderr"
-    with stderr_path.open("wb") as stderr:
-        proc = await trio.lowlevel.open_process(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
-        )
-    try:
+    async with spawned(argv, stderr_path=tmp_path / "launch.stderr", env=env) as proc:
         async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
             engines = []
             for n, entry in zip(names, entries, strict=True):
@@ -81,9 +68,7 @@ async def test_two_frontends_route_a_conversation_to_the_engine_holding_it(
             with trio.fail_after(90):
                 assert proc.stdout is not None
                 await read_until_ready(proc.stdout, "launch")
-                run_dirs = glob.glob(os.path.join(sock_dir, "smg-trio-run-*"))
-                assert len(run_dirs) == 1, run_dirs
-                run_dir = run_dirs[0]
+                run_dir = find_run_dir(sock_dir)
                 url = f"http://127.0.0.1:{port}"
                 async with httpx.AsyncClient(base_url=url, timeout=30) as http:
                     while (await http.get("/readiness")).status_code != 200:  # noqa: ASYNC110
@@ -101,7 +86,7 @@ async def test_two_frontends_route_a_conversation_to_the_engine_holding_it(
                         history += [100 + s] * BLOCK + [300 + t] * 40
                         prompt = system + history
                         before = [len(e.mock.requests) for e in engines]
-                        async with frontend(run_dir, 1 + (s + t) % 2) as c:
+                        async with frontend_client(run_dir, 1 + (s + t) % 2) as c:
                             r = await c.post(
                                 "/v1/completions",
                                 json={"model": "m", "prompt": prompt, "max_tokens": 2},
@@ -123,13 +108,3 @@ async def test_two_frontends_route_a_conversation_to_the_engine_holding_it(
         proc.send_signal(signal.SIGTERM)
         with trio.fail_after(30):
             await proc.wait()
-    finally:
-        left = descendants(proc.pid)
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass

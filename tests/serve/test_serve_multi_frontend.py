@@ -9,7 +9,6 @@ import glob
 import os
 import re
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,9 +19,15 @@ import httpx
 import pytest
 import trio
 
-from tests.helpers.frontends import hold_chat_stream, single_frontend, start_chat_stream
+from tests.helpers.frontends import (
+    find_run_dir,
+    frontend_client,
+    hold_chat_stream,
+    single_frontend,
+    start_chat_stream,
+)
 from tests.helpers.ports import free_port, random_worker_base_port
-from tests.helpers.procs import descendants, read_until_ready, wait_all_gone
+from tests.helpers.procs import descendants, read_until_ready, spawned, wait_all_gone
 
 pytestmark = [
     pytest.mark.slow,
@@ -44,10 +49,7 @@ class Served:
 
     def frontend(self, index: int) -> httpx.AsyncClient:
         """A client of one frontend only (its unix socket serves the same app)."""
-        transport = httpx.AsyncHTTPTransport(
-            uds=os.path.join(self.run_dir, f"frontend-{index}.sock")
-        )
-        return httpx.AsyncClient(transport=transport, base_url="http://frontend", timeout=30)
+        return frontend_client(self.run_dir, index)
 
     def frontend_pids(self) -> dict[int, int]:
         out = {}
@@ -73,27 +75,11 @@ async def serve_two(sock_dir: str, tmp_path: Path, *extra: str) -> AsyncIterator
         "--shutdown-grace-period-secs", "20", "--engine-log-level", "debug", *extra,
         "--", "--log-level", "DEBUG", "--step-ms", "10",
     ]  # fmt: skip
-    with log_path.open("wb") as stderr:
-        proc = await trio.lowlevel.open_process(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
-        )
-    try:
+    async with spawned(argv, stderr_path=log_path, env=env) as proc:
         assert proc.stdout is not None
         with trio.fail_after(120):
             line = await read_until_ready(proc.stdout)
-        run_dirs = glob.glob(os.path.join(sock_dir, "smg-trio-run-*"))
-        assert len(run_dirs) == 1, run_dirs
-        yield Served(proc, line.split()[3], log_path, run_dirs[0])
-    finally:
-        left = descendants(proc.pid)
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        yield Served(proc, line.split()[3], log_path, find_run_dir(sock_dir))
 
 
 async def _local_requests(served: Served, index: int) -> float:

@@ -5,22 +5,18 @@ generation."""
 
 from __future__ import annotations
 
-import glob
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 import trio
 
-from tests.helpers.frontends import single_frontend
+from tests.helpers.frontends import find_run_dir, frontend_client, single_frontend
 from tests.helpers.ports import free_port, random_worker_base_port
-from tests.helpers.procs import descendants, read_until_ready
+from tests.helpers.procs import read_until_ready, spawned
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,32 +36,11 @@ async def serve_pooling(sock_dir: str, tmp_path: Path, *mock_args: str) -> Async
         "--port", str(free_port()), "--worker-base-port", str(random_worker_base_port()),
         "--api-server-count", "2", "--", *mock_args,
     ]  # fmt: skip
-    with (tmp_path / "serve.stderr").open("wb") as stderr:
-        proc = await trio.lowlevel.open_process(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
-        )
-    try:
+    async with spawned(argv, stderr_path=tmp_path / "serve.stderr", env=env) as proc:
         assert proc.stdout is not None
         with trio.fail_after(120):
             await read_until_ready(proc.stdout)
-        run_dirs = glob.glob(os.path.join(sock_dir, "smg-trio-run-*"))
-        assert len(run_dirs) == 1, run_dirs
-        yield run_dirs[0]
-    finally:
-        left = descendants(proc.pid)
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def _frontend(run_dir: str, index: int) -> httpx.AsyncClient:
-    transport = httpx.AsyncHTTPTransport(uds=os.path.join(run_dir, f"frontend-{index}.sock"))
-    return httpx.AsyncClient(transport=transport, base_url="http://frontend", timeout=30)
+        yield find_run_dir(sock_dir)
 
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -79,7 +54,7 @@ async def test_frontends_serve_embeddings_from_a_pooling_mock(
     ) as run:
         answers = []
         for i in (1, 2):
-            async with _frontend(run, i) as c:
+            async with frontend_client(run, i) as c:
                 resp = await c.post("/v1/embeddings", json={"model": MODEL, "input": ["a b", "c"]})
                 assert resp.status_code == 200, resp.text
                 answers.append([d["embedding"] for d in resp.json()["data"]])
@@ -98,7 +73,7 @@ async def test_frontends_score_with_a_cross_encoder_mock(sock_dir: str, tmp_path
     async with serve_pooling(sock_dir, tmp_path, *mock) as run:
         answers = []
         for i in (1, 2):
-            async with _frontend(run, i) as c:
+            async with frontend_client(run, i) as c:
                 body = {"model": MODEL, "text_1": "what is up", "text_2": ["up", "down"]}
                 resp = await c.post("/score", json=body)
                 assert resp.status_code == 200, resp.text

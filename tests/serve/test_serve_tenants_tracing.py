@@ -5,10 +5,8 @@ OTLP receiver in this test."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,10 +16,10 @@ import trio
 
 from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.serve import EngineLaunchConfig, GatewayConfig, open_gateway
-from tests.helpers.frontends import single_frontend
+from tests.helpers.frontends import find_run_dir, frontend_client, single_frontend
 from tests.helpers.otlp import OtlpReceiver, open_otlp_receiver
 from tests.helpers.ports import free_port, random_worker_base_port
-from tests.helpers.procs import descendants, read_until_ready
+from tests.helpers.procs import read_until_ready, spawned
 
 pytestmark = [
     pytest.mark.slow,
@@ -32,11 +30,6 @@ KEY_A = "sk-tenant-a-0123456789"
 KEY_B = "sk-tenant-b-0123456789"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
-
-
-def _frontend(run_dir: str, index: int) -> httpx.AsyncClient:
-    transport = httpx.AsyncHTTPTransport(uds=os.path.join(run_dir, f"frontend-{index}.sock"))
-    return httpx.AsyncClient(transport=transport, base_url="http://frontend", timeout=30)
 
 
 def _chat(max_tokens: int, *, stream: bool = False) -> dict[str, object]:
@@ -81,32 +74,17 @@ async def test_tenant_limits_are_shared_and_frontends_export_spans(
             "--api-server-count", "2", "--api-keys-file", str(keys),
             "--otlp-traces-endpoint", receiver.endpoint, "--", "--step-ms", "10",
         ]  # fmt: skip
-        with (tmp_path / "serve.stderr").open("wb") as stderr:
-            proc = await trio.lowlevel.open_process(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
-            )
-        try:
+        async with spawned(argv, stderr_path=tmp_path / "serve.stderr", env=env) as proc:
             assert proc.stdout is not None
             with trio.fail_after(120):
                 await read_until_ready(proc.stdout)
-            (run_dir,) = glob.glob(os.path.join(sock_dir, "smg-trio-run-*"))
             with trio.fail_after(60):
-                await _check(run_dir, receiver)
-        finally:
-            left = descendants(proc.pid)
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            for pid in left:
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
+                await _check(find_run_dir(sock_dir), receiver)
 
 
 async def _check(run_dir: str, receiver: OtlpReceiver) -> None:
     auth_a = {"authorization": f"Bearer {KEY_A}"}
-    async with _frontend(run_dir, 2) as two:
+    async with frontend_client(run_dir, 2) as two:
         # a long stream of tenant a on frontend 1 holds a's only slot ...
         held = await trio.open_unix_socket(os.path.join(run_dir, "frontend-1.sock"))
         async with held:

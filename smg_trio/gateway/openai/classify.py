@@ -12,13 +12,13 @@ from smg_trio.backend import ServedModel
 from smg_trio.errors import ValidationError
 from smg_trio.gateway.openai.embeddings import check_dimensions
 from smg_trio.gateway.openai.pooling import (
+    ListResponse,
     PoolingLimits,
     PoolingPlan,
     Vector,
     encode_vector,
-    tokenize_items,
+    tokenize_input,
 )
-from smg_trio.gateway.openai.schemas import Usage
 from smg_trio.protocol.types import PoolingOptions, PoolingTask
 
 __all__ = [
@@ -53,15 +53,8 @@ class ClassificationData(msgspec.Struct):
     num_classes: int
 
 
-class ClassificationResponse(msgspec.Struct, kw_only=True):
+class ClassificationResponse(ListResponse[ClassificationData]):
     """vLLM's ``ClassificationResponse``."""
-
-    id: str
-    object: str = "list"
-    created: int
-    model: str
-    data: list[ClassificationData]
-    usage: Usage
 
 
 class ClassifyApi:
@@ -78,15 +71,7 @@ class ClassifyApi:
         limits: PoolingLimits,
         model_task: str | None = None,
     ) -> PoolingPlan:
-        items = tokenize_items(
-            body.input,
-            served.tokenizer,
-            limits,
-            param="input",
-            truncate_prompt_tokens=body.truncate_prompt_tokens,
-            truncation_side=body.truncation_side or "right",
-            add_special_tokens=body.add_special_tokens,
-        )
+        items = tokenize_input(body, served.tokenizer, limits)
         tokens = sum(len(i) for i in items)
         info = served.pooling
 
@@ -96,13 +81,7 @@ class ClassifyApi:
                 probs: list[float] = np.asarray(v, dtype=np.float64).reshape(-1).tolist()
                 label = info.label(int(np.argmax(v))) if probs else None
                 data.append(ClassificationData(i, label, probs, len(probs)))
-            return ClassificationResponse(
-                id=response_id,
-                created=created,
-                model=served.model_id,
-                data=data,
-                usage=Usage(tokens, 0, tokens),
-            )
+            return ClassificationResponse.of(data, response_id, created, served.model_id, tokens)
 
         options = PoolingOptions(task="classify", use_activation=body.use_activation)
         return PoolingPlan(items, options, render, body.priority)
@@ -134,15 +113,8 @@ class PoolingData(msgspec.Struct):
     data: Any
 
 
-class PoolingResponse(msgspec.Struct, kw_only=True):
+class PoolingResponse(ListResponse[PoolingData]):
     """vLLM's ``PoolingResponse``."""
-
-    id: str
-    object: str = "list"
-    created: int
-    model: str
-    data: list[PoolingData]
-    usage: Usage
 
 
 class PoolingRawApi:
@@ -169,15 +141,7 @@ class PoolingRawApi:
                 code="invalid_value",
             )
         check_dimensions(body.dimensions, served, "dimensions")
-        items = tokenize_items(
-            body.input,
-            served.tokenizer,
-            limits,
-            param="input",
-            truncate_prompt_tokens=body.truncate_prompt_tokens,
-            truncation_side=body.truncation_side or "right",
-            add_special_tokens=body.add_special_tokens,
-        )
+        items = tokenize_input(body, served.tokenizer, limits)
         tokens = sum(len(i) for i in items)
         fmt = body.encoding_format
 
@@ -192,13 +156,7 @@ class PoolingRawApi:
                 )
                 for i, v in enumerate(vectors)
             ]
-            return PoolingResponse(
-                id=response_id,
-                created=created,
-                model=served.model_id,
-                data=data,
-                usage=Usage(tokens, 0, tokens),
-            )
+            return PoolingResponse.of(data, response_id, created, served.model_id, tokens)
 
         options = PoolingOptions(
             task=task,  # type: ignore[arg-type]

@@ -12,13 +12,14 @@ import numpy as np
 from smg_trio.backend import ServedModel
 from smg_trio.errors import ValidationError
 from smg_trio.gateway.openai.pooling import (
+    ListResponse,
     PoolingLimits,
     PoolingPlan,
     Vector,
     encode_vector,
+    tokenize_input,
     tokenize_items,
 )
-from smg_trio.gateway.openai.schemas import Usage
 from smg_trio.protocol.types import PoolingOptions
 
 __all__ = [
@@ -54,15 +55,8 @@ class EmbeddingData(msgspec.Struct):
     embedding: list[float] | str
 
 
-class EmbeddingResponse(msgspec.Struct, kw_only=True):
+class EmbeddingResponse(ListResponse[EmbeddingData]):
     """OpenAI's ``CreateEmbeddingResponse`` with vLLM's ``id`` and ``created``."""
-
-    id: str
-    object: str = "list"
-    created: int
-    model: str
-    data: list[EmbeddingData]
-    usage: Usage
 
 
 def check_dimensions(dimensions: int | None, served: ServedModel, param: str) -> None:
@@ -109,29 +103,15 @@ class EmbeddingsApi:
         model_task: str | None = None,
     ) -> PoolingPlan:
         check_dimensions(body.dimensions, served, "dimensions")
-        items = tokenize_items(
-            body.input,
-            served.tokenizer,
-            limits,
-            param="input",
-            truncate_prompt_tokens=body.truncate_prompt_tokens,
-            truncation_side=body.truncation_side or "right",
-            add_special_tokens=body.add_special_tokens,
-        )
+        items = tokenize_input(body, served.tokenizer, limits)
         fmt = body.encoding_format
         tokens = sum(len(i) for i in items)
 
         def render(vectors: list[Vector], response_id: str, created: int) -> EmbeddingResponse:
-            return EmbeddingResponse(
-                id=response_id,
-                created=created,
-                model=served.model_id,
-                data=[
-                    EmbeddingData(i, "embedding", encode_vector(v, fmt))
-                    for i, v in enumerate(vectors)
-                ],
-                usage=Usage(tokens, 0, tokens),
-            )
+            data = [
+                EmbeddingData(i, "embedding", encode_vector(v, fmt)) for i, v in enumerate(vectors)
+            ]
+            return EmbeddingResponse.of(data, response_id, created, served.model_id, tokens)
 
         options = PoolingOptions(
             task="embed", dimensions=body.dimensions, use_activation=body.use_activation

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, Self, TypeVar
 
 import attrs
 import msgspec
@@ -19,17 +19,21 @@ from smg_trio.connector.stream import RequestStream
 from smg_trio.errors import RequestStreamClosed, ValidationError
 from smg_trio.exc_groups import first_failure
 from smg_trio.gateway.openai.errors import EngineRequestFailed, engine_failure
+from smg_trio.gateway.openai.schemas import Usage
 from smg_trio.protocol.types import EngineOutput, GenerateRequest, PoolingOptions, SamplingOptions
 from smg_trio.tokenizer import Tokenizer
 
 __all__ = [
     "PoolingApi",
     "check_generates",
+    "ListResponse",
     "PoolingLimits",
     "PoolingPlan",
+    "TextInput",
     "Vector",
     "encode_vector",
     "run_pooling",
+    "tokenize_input",
     "tokenize_items",
     "too_long",
     "too_many",
@@ -78,6 +82,27 @@ class PoolingPlan:
     def prompt_tokens(self) -> int:
         """``usage.prompt_tokens``: every item's tokens."""
         return sum(len(i) for i in self.items)
+
+
+D = TypeVar("D")
+
+
+class ListResponse(msgspec.Struct, Generic[D], kw_only=True):
+    """vLLM's list envelope of a pooling response: one ``data`` entry per input, usage."""
+
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[D]
+    usage: Usage
+
+    @classmethod
+    def of(cls, data: list[D], response_id: str, created: int, model: str, tokens: int) -> Self:
+        """The response for ``model`` with ``tokens`` prompt tokens (no completion)."""
+        return cls(
+            id=response_id, created=created, model=model, data=data, usage=Usage(tokens, 0, tokens)
+        )
 
 
 B = TypeVar("B")
@@ -221,6 +246,36 @@ def tokenize_items(
             raise too_many(limits, param)
         out.append(ids)
     return out
+
+
+class TextInput(Protocol):
+    """A request's ``input`` and the fields that say how it is tokenized."""
+
+    @property
+    def input(self) -> Any: ...
+
+    @property
+    def truncate_prompt_tokens(self) -> int | None: ...
+
+    @property
+    def truncation_side(self) -> Literal["left", "right"] | None: ...
+
+    @property
+    def add_special_tokens(self) -> bool: ...
+
+
+def tokenize_input(body: TextInput, tok: Tokenizer, limits: PoolingLimits) -> list[list[int]]:
+    """``tokenize_items`` of ``body.input`` as its own fields ask (truncation from the right
+    unless told)."""
+    return tokenize_items(
+        body.input,
+        tok,
+        limits,
+        param="input",
+        truncate_prompt_tokens=body.truncate_prompt_tokens,
+        truncation_side=body.truncation_side or "right",
+        add_special_tokens=body.add_special_tokens,
+    )
 
 
 def encode_vector(vec: Vector, encoding_format: str) -> list[float] | str:

@@ -7,6 +7,7 @@ pair, and the score is its one (activated) output."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
@@ -16,6 +17,7 @@ import numpy as np
 from smg_trio.backend import ServedModel
 from smg_trio.errors import ValidationError
 from smg_trio.gateway.openai.pooling import (
+    ListResponse,
     PoolingLimits,
     PoolingPlan,
     Vector,
@@ -25,7 +27,6 @@ from smg_trio.gateway.openai.pooling import (
     too_many,
     truncate_ids,
 )
-from smg_trio.gateway.openai.schemas import Usage
 from smg_trio.protocol.types import PoolingOptions
 
 __all__ = [
@@ -182,6 +183,53 @@ def _pair_score(vec: Vector) -> float:
     return float(flat[0])
 
 
+#: The response from each pair's score, the prompt tokens, the response id and its time.
+_Respond = Callable[[list[float], int, str, int], msgspec.Struct]
+
+
+def _score_plan(
+    first: list[str],
+    second: list[str],
+    names: tuple[str, str],
+    body: ScoreRequest | RerankRequest,
+    served: ServedModel,
+    limits: PoolingLimits,
+    model_task: str | None,
+    respond: _Respond,
+) -> PoolingPlan:
+    """The plan that scores ``first``'s one text (or its i-th) against each of ``second``'s:
+    one ``classify`` request per pair for a cross-encoder, else one ``embed`` request per text
+    and the cosine of each pair's embeddings."""
+    assumed = model_task or "embed"
+    if _cross_encoder(assumed):
+        pairs = _pair_items(
+            first, second, names, served, limits, body.truncate_prompt_tokens, body.use_activation
+        )
+
+        def render_pairs(vectors: list[Vector], response_id: str, created: int) -> msgspec.Struct:
+            return respond([_pair_score(v) for v in vectors], pairs.tokens, response_id, created)
+
+        return PoolingPlan(
+            pairs.items,
+            pairs.options[0],
+            render_pairs,
+            body.priority,
+            item_options=pairs.options,
+            model_task=assumed,
+        )
+    a, b = _embed_both(first, second, names, served, limits, body.truncate_prompt_tokens)
+    tokens = sum(len(i) for i in a) + sum(len(i) for i in b)
+    split = len(a)
+
+    def render(vectors: list[Vector], response_id: str, created: int) -> msgspec.Struct:
+        left, right = vectors[:split], vectors[split:]
+        scores = [cosine(left[0 if split == 1 else i], r) for i, r in enumerate(right)]
+        return respond(scores, tokens, response_id, created)
+
+    options = PoolingOptions(task="embed", use_activation=body.use_activation)
+    return PoolingPlan(a + b, options, render, body.priority, model_task=assumed)
+
+
 class ScoreRequest(msgspec.Struct, kw_only=True):
     """vLLM's score requests: one pair of ``text_1``/``text_2``, ``data_1``/``data_2``,
     ``queries``/``documents`` or ``queries``/``items``."""
@@ -224,15 +272,8 @@ class ScoreData(msgspec.Struct):
     score: float
 
 
-class ScoreResponse(msgspec.Struct, kw_only=True):
+class ScoreResponse(ListResponse[ScoreData]):
     """vLLM's ``ScoreResponse``."""
-
-    id: str
-    object: str = "list"
-    created: int
-    model: str
-    data: list[ScoreData]
-    usage: Usage
 
 
 class ScoreApi:
@@ -258,51 +299,14 @@ class ScoreApi:
                 param=n1,
                 code="invalid_value",
             )
-        assumed = model_task or "embed"
-        if _cross_encoder(assumed):
-            pairs = _pair_items(
-                t1, t2, (n1, n2), served, limits, body.truncate_prompt_tokens, body.use_activation
-            )
 
-            def render_pairs(
-                vectors: list[Vector], response_id: str, created: int
-            ) -> ScoreResponse:
-                return ScoreResponse(
-                    id=response_id,
-                    created=created,
-                    model=served.model_id,
-                    data=[ScoreData(i, "score", _pair_score(v)) for i, v in enumerate(vectors)],
-                    usage=Usage(pairs.tokens, 0, pairs.tokens),
-                )
+        def respond(
+            scores: list[float], tokens: int, response_id: str, created: int
+        ) -> ScoreResponse:
+            data = [ScoreData(i, "score", score) for i, score in enumerate(scores)]
+            return ScoreResponse.of(data, response_id, created, served.model_id, tokens)
 
-            return PoolingPlan(
-                pairs.items,
-                pairs.options[0],
-                render_pairs,
-                body.priority,
-                item_options=pairs.options,
-                model_task=assumed,
-            )
-        a, b = _embed_both(t1, t2, (n1, n2), served, limits, body.truncate_prompt_tokens)
-        tokens = sum(len(i) for i in a) + sum(len(i) for i in b)
-        split = len(a)
-
-        def render(vectors: list[Vector], response_id: str, created: int) -> ScoreResponse:
-            left, right = vectors[:split], vectors[split:]
-            data = [
-                ScoreData(i, "score", cosine(left[0 if split == 1 else i], r))
-                for i, r in enumerate(right)
-            ]
-            return ScoreResponse(
-                id=response_id,
-                created=created,
-                model=served.model_id,
-                data=data,
-                usage=Usage(tokens, 0, tokens),
-            )
-
-        options = PoolingOptions(task="embed", use_activation=body.use_activation)
-        return PoolingPlan(a + b, options, render, body.priority, model_task=assumed)
+        return _score_plan(t1, t2, (n1, n2), body, served, limits, model_task, respond)
 
 
 SCORE = ScoreApi()
@@ -375,9 +379,10 @@ class RerankApi:
             raise ValidationError("top_n must be >= 0", param="top_n", code="invalid_value")
         docs = _texts(body.documents, "documents")
         top_n, keep = body.top_n, body.return_documents
-        assumed = model_task or "embed"
 
-        def ranked(scores: list[float], tokens: int, response_id: str) -> RerankResponse:
+        def ranked(
+            scores: list[float], tokens: int, response_id: str, created: int
+        ) -> RerankResponse:
             results = [
                 RerankResult(i, score, RerankDocument(docs[i]) if keep else None)
                 for i, score in enumerate(scores)
@@ -392,41 +397,8 @@ class RerankApi:
                 results=results,
             )
 
-        if _cross_encoder(assumed):
-            pairs = _pair_items(
-                [body.query],
-                docs,
-                ("query", "documents"),
-                served,
-                limits,
-                body.truncate_prompt_tokens,
-                body.use_activation,
-            )
-
-            def render_pairs(
-                vectors: list[Vector], response_id: str, created: int
-            ) -> RerankResponse:
-                return ranked([_pair_score(v) for v in vectors], pairs.tokens, response_id)
-
-            return PoolingPlan(
-                pairs.items,
-                pairs.options[0],
-                render_pairs,
-                body.priority,
-                item_options=pairs.options,
-                model_task=assumed,
-            )
-        a, b = _embed_both(
-            [body.query], docs, ("query", "documents"), served, limits, body.truncate_prompt_tokens
-        )
-        tokens = sum(len(i) for i in a) + sum(len(i) for i in b)
-
-        def render(vectors: list[Vector], response_id: str, created: int) -> RerankResponse:
-            query = vectors[0]
-            return ranked([cosine(query, v) for v in vectors[1:]], tokens, response_id)
-
-        options = PoolingOptions(task="embed", use_activation=body.use_activation)
-        return PoolingPlan(a + b, options, render, body.priority, model_task=assumed)
+        names = ("query", "documents")
+        return _score_plan([body.query], docs, names, body, served, limits, model_task, ranked)
 
 
 RERANK = RerankApi()
