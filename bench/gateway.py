@@ -391,6 +391,57 @@ def _split(n: int, parts: int) -> list[int]:
     return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
 
 
+async def drive_clients(
+    cmds: Sequence[Sequence[str]],
+    *,
+    on_start: Callable[[], None] | None = None,
+    on_end: Callable[[], None] | None = None,
+) -> tuple[list[dict[str, Any]], float]:
+    """Start one load client process per command, wait until each prints its "ready" line,
+    send them all "go", and collect their output until they exit (killed on the way out).
+    Returns each one's result (the JSON of its last line) and the wall clock from "go" to the
+    last exit. ``on_start`` runs once all are ready, ``on_end`` once all finished."""
+    children = [
+        await trio.lowlevel.open_process(list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        for cmd in cmds
+    ]
+    outs: list[bytes] = [b""] * len(children)
+    try:
+        for i, child in enumerate(children):  # each prints "ready" once connected
+            assert child.stdout is not None
+            while b"\n" not in outs[i]:
+                data = await child.stdout.receive_some(65536)
+                if not data:
+                    raise RuntimeError(f"load client exited ({await child.wait()})")
+                outs[i] += data
+            outs[i] = outs[i].split(b"\n", 1)[1]
+        if on_start is not None:
+            on_start()
+        wall0 = time.perf_counter()
+        for child in children:
+            assert child.stdin is not None
+            await child.stdin.send_all(b"go\n")
+
+        async def collect(i: int) -> None:
+            child = children[i]
+            assert child.stdout is not None
+            while data := await child.stdout.receive_some(1 << 20):
+                outs[i] += data
+            await child.wait()
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(children)):
+                nursery.start_soon(collect, i)
+        wall = time.perf_counter() - wall0
+        if on_end is not None:
+            on_end()
+    finally:
+        for child in children:
+            with contextlib.suppress(OSError):
+                child.kill()
+    return [json.loads(out.strip().splitlines()[-1]) for out in outs], wall
+
+
 async def run_clients(
     port: int,
     raw: bytes,
@@ -412,54 +463,14 @@ async def run_clients(
         f.write(raw)
     result = LoadResult()
     try:
-        children = []
+        cmds = []
         for conns, reqs in zip(_split(concurrency, procs), _split(total, procs), strict=True):
             cmd = [sys.executable, str(BENCH_DIR / "lean_client.py"), "--port", str(port)]
             cmd += ["--connections", str(conns), "--requests", str(reqs)]
             cmd += ["--request-file", f.name, "--max-tokens", str(expect_tokens)]
-            children.append(
-                await trio.lowlevel.open_process(
-                    [*cmd, *(["--stream"] if stream else [])],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                )
-            )
-        outs: list[bytes] = [b""] * len(children)
-        try:
-            for i, child in enumerate(children):  # each prints "ready" once connected
-                assert child.stdout is not None
-                while b"\n" not in outs[i]:
-                    data = await child.stdout.receive_some(65536)
-                    if not data:
-                        raise RuntimeError(f"load client exited ({await child.wait()})")
-                    outs[i] += data
-                outs[i] = outs[i].split(b"\n", 1)[1]
-            if on_start is not None:
-                on_start()
-            wall0 = time.perf_counter()
-            for child in children:
-                assert child.stdin is not None
-                await child.stdin.send_all(b"go\n")
-
-            async def collect(i: int) -> None:
-                child = children[i]
-                assert child.stdout is not None
-                while data := await child.stdout.receive_some(1 << 20):
-                    outs[i] += data
-                await child.wait()
-
-            async with trio.open_nursery() as nursery:
-                for i in range(len(children)):
-                    nursery.start_soon(collect, i)
-            result.wall_s = time.perf_counter() - wall0
-            if on_end is not None:
-                on_end()
-        finally:
-            for child in children:
-                with contextlib.suppress(OSError):
-                    child.kill()
-        for out in outs:
-            r = json.loads(out.strip().splitlines()[-1])
+            cmds.append([*cmd, *(["--stream"] if stream else [])])
+        outs, result.wall_s = await drive_clients(cmds, on_start=on_start, on_end=on_end)
+        for r in outs:
             result.requests += r["requests"]
             result.errors += r["errors"]
             result.completion_tokens += r["completion_tokens"]

@@ -67,6 +67,7 @@ from gateway import (  # noqa: E402
     _remove_tree,
     _tail,
     cpu_seconds,
+    drive_clients,
     group_pids,
     quantile,
     tree_pids,
@@ -246,46 +247,14 @@ async def run_clients(
 ) -> tuple[list[dict[str, Any]], float, float]:
     """Run ``sessions`` split over ``procs`` client processes; their results, and the wall
     clock from "go" to the last answer."""
-    children = []
+    cmds = []
     for i in range(procs):
         part = tmp / f"sessions-{i}.json"
         part.write_text(json.dumps(sessions[i::procs]))
         cmd = [sys.executable, str(BENCH_DIR / "routing_client.py"), "--port", str(port)]
         cmd += ["--model", model, "--sessions", str(part), "--max-tokens", str(max_tokens)]
-        children.append(
-            await trio.lowlevel.open_process(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        )
-    outs = [b""] * procs
-    try:
-        for i, child in enumerate(children):
-            assert child.stdout is not None
-            while b"\n" not in outs[i]:
-                data = await child.stdout.receive_some(65536)
-                if not data:
-                    raise RuntimeError(f"client exited ({await child.wait()})")
-                outs[i] += data
-            outs[i] = outs[i].split(b"\n", 1)[1]
-        t0 = time.perf_counter()
-        for child in children:
-            assert child.stdin is not None
-            await child.stdin.send_all(b"go\n")
-
-        async def collect(i: int) -> None:
-            child = children[i]
-            assert child.stdout is not None
-            while data := await child.stdout.receive_some(1 << 20):
-                outs[i] += data
-            await child.wait()
-
-        async with trio.open_nursery() as nursery:
-            for i in range(procs):
-                nursery.start_soon(collect, i)
-        wall = time.perf_counter() - t0
-    finally:
-        for child in children:
-            with contextlib.suppress(OSError):
-                child.kill()
-    results = [json.loads(out.strip().splitlines()[-1]) for out in outs]
+        cmds.append(cmd)
+    results, wall = await drive_clients(cmds)
     return results, wall, sum(r["cpu_s"] for r in results)
 
 
