@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from smg_trio.connector import client as client_mod
+from smg_trio.connector import aborts as aborts_mod
 from smg_trio.errors import RequestStreamClosed
 from smg_trio.mock.engine import MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses
@@ -195,7 +195,7 @@ async def test_an_orphans_queued_outputs_bring_one_abort_per_interval(
     for it: the engine is told ABORT once per REABORT_INTERVAL_S, not once per batch (it was
     once per batch: harmless, but a burst of ABORTs for one request). With no interval, each
     batch is told again, as before."""
-    monkeypatch.setattr(client_mod, "REABORT_INTERVAL_S", interval)
+    monkeypatch.setattr(aborts_mod, "REABORT_INTERVAL_S", interval)
     engine = RawEngine(addresses.handshake)
     with trio.fail_after(IO_DEADLINE_S):
         async with raw_serving(addresses, engine) as client:
@@ -263,12 +263,12 @@ async def test_an_eager_abort_is_sent_at_once_and_only_once(addresses: WorkerAdd
 async def test_an_abort_group_aborts_every_member_in_one_message(
     addresses: WorkerAddresses,
 ) -> None:
-    # The HTTP front's group (client_mod.ABORT_GROUP) collects a request's generate blocks,
+    # The HTTP front's group (aborts_mod.ABORT_GROUP) collects a request's generate blocks,
     # those of its fan-out tasks too; abort_now ABORTs them all while the blocks are still
     # open (before any cancellation has unwound), one message per engine.
     engine = RawEngine(addresses.handshake)
-    group = client_mod.AbortGroup()
-    token = client_mod.ABORT_GROUP.set(group)
+    group = aborts_mod.AbortGroup()
+    token = aborts_mod.ABORT_GROUP.set(group)
     try:
         with trio.fail_after(IO_DEADLINE_S):
             async with raw_serving(addresses, engine) as client:
@@ -295,7 +295,7 @@ async def test_an_abort_group_aborts_every_member_in_one_message(
                     release.set()
                 assert not group._members
     finally:
-        client_mod.ABORT_GROUP.reset(token)
+        aborts_mod.ABORT_GROUP.reset(token)
 
 
 async def test_a_disconnect_storms_aborted_ids_are_forgotten(
@@ -329,7 +329,7 @@ async def test_a_disconnect_storms_aborted_ids_are_forgotten(
                 release.set()
             assert client.inflight_count == 0
             assert client.aborted_remembered == len(ids)
-            monkeypatch.setattr(client_mod, "ABORTED_TTL_S", 0.0)
+            monkeypatch.setattr(aborts_mod, "ABORTED_TTL_S", 0.0)
             async with client.generate(request("next", max_tokens=1)) as stream:
                 assert (await _expect(engine, ADD))[0] == "next"
                 await engine.push_vllm(vllm_output("next", [1], 1))

@@ -13,7 +13,7 @@ import trio
 import trio.lowlevel
 import zmq
 
-from smg_trio.connector import client as client_mod
+from smg_trio.connector import connections as connections_mod
 from smg_trio.connector import run_engine_client
 from smg_trio.connector.client import MAX_CONSECUTIVE_DECODE_ERRORS, EngineClient
 from smg_trio.errors import EngineDeadError
@@ -177,7 +177,7 @@ async def test_sporadic_garbage_is_dropped(
 def tiny_pipes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Make a send on the input ROUTER able to block: one-message HWMs and small kernel buffers
     on both ends (production runs the ROUTER with an unbounded HWM), and a 0.2 s send timeout."""
-    monkeypatch.setattr(client_mod, "ENGINE_SEND_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(connections_mod, "ENGINE_SEND_TIMEOUT_S", 0.2)
     configure = topology._configure_input_router
 
     def bounded_router(sock: zmq.Socket[bytes]) -> None:

@@ -13,7 +13,7 @@ import trio
 import zmq
 
 from smg_trio.connector import EngineClient, open_engine_client
-from smg_trio.connector import client as client_mod
+from smg_trio.connector import state as state_mod
 from smg_trio.connector.stream import RequestStream
 from smg_trio.errors import EngineDeadError
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
@@ -40,12 +40,12 @@ DISCONNECTED = "disconnected from the input socket"
 @pytest.fixture
 def long_grace(monkeypatch: pytest.MonkeyPatch) -> None:
     """A grace far longer than any test: a rank declared dead here was not given its grace."""
-    monkeypatch.setattr(client_mod, "ENGINE_DISCONNECT_GRACE_S", 60.0)
+    monkeypatch.setattr(state_mod, "ENGINE_DISCONNECT_GRACE_S", 60.0)
 
 
 @pytest.fixture
 def short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_mod, "ENGINE_DISCONNECT_GRACE_S", 0.05)
+    monkeypatch.setattr(state_mod, "ENGINE_DISCONNECT_GRACE_S", 0.05)
 
 
 def _down_after_disconnect(client: EngineClient, inp: zmq.Socket[bytes]) -> Callable[[], bool]:

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from smg_trio.connector import EngineClient, open_engine_client
-from smg_trio.connector import client as client_mod
+from smg_trio.connector import state as state_mod
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
 from smg_trio.transport.monitor import ConnectionEvent
@@ -171,7 +171,7 @@ async def test_a_restarted_rank_is_readmitted_and_a_claimant_in_its_absence_gets
     # another uid dials the input socket with rank 0's identity (nobody holds it then); the
     # restarted engine is re-admitted (a new connection, a new handshake, through the guard)
     # and serves rank 0's requests; the claimant received none of them.
-    monkeypatch.setattr(client_mod, "ENGINE_DISCONNECT_GRACE_S", 0.05)
+    monkeypatch.setattr(state_mod, "ENGINE_DISCONNECT_GRACE_S", 0.05)
     configs = [MockEngineConfig(engine_index=i, step_s=0.005) for i in range(2)]
     with trio.fail_after(IO_DEADLINE_S * 2):
         async with (

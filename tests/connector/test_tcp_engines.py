@@ -11,8 +11,8 @@ import sys
 import pytest
 import trio
 
-from smg_trio.connector import client as client_mod
 from smg_trio.connector import open_engine_client
+from smg_trio.connector import state as state_mod
 from smg_trio.errors import EngineDeadError, HandshakeTimeout, WorkerAddressError
 from smg_trio.mock.engine import MockEngine, MockEngineConfig
 from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
@@ -109,7 +109,7 @@ async def test_heartbeats_see_a_frozen_engine(
     # A stopped process keeps its tcp connections open (no FIN, as with a host that vanished),
     # and it answers no ZMTP PING: the heartbeat timeout closes its input connection, the
     # socket monitor reports it, and after the grace its request fails.
-    monkeypatch.setattr(client_mod, "ENGINE_DISCONNECT_GRACE_S", 0.05)
+    monkeypatch.setattr(state_mod, "ENGINE_DISCONNECT_GRACE_S", 0.05)
     argv = [sys.executable, "-m", "smg_trio.mock.engine", "--handshake", tcp_worker.handshake]
     argv += ["--step-ms", "5", "--log-level", "error"]
     proc = await trio.lowlevel.open_process(argv)
