@@ -34,7 +34,7 @@ __all__ = [
     "cache_aware_config",
 ]
 
-# The defaults below and those imported above are the CLI's too (smg_trio/cli.py reads them).
+# The defaults below and those imported above are the CLI's too (smg_trio/cli/ reads them).
 #: On SIGINT/SIGTERM, how long in-flight requests may finish (``--shutdown-grace-period-secs``).
 DEFAULT_SHUTDOWN_GRACE_PERIOD_S = 30.0
 #: A frontend whose event loop has not run for this long is killed and restarted
