@@ -22,12 +22,13 @@ from smg_trio.protocol.handshake import EngineCoreReadyResponse
 from smg_trio.protocol.vllm import VllmProtocol
 from smg_trio.routing.cache_aware import RouteRequest
 from smg_trio.transport.handshake import EngineRegistration
-from smg_trio.worker.manager import REBIND_BACKOFF_S, WorkerManager
+from smg_trio.worker.manager import WorkerManager
 from smg_trio.worker.model_files import load_model
 from smg_trio.worker.registry import WorkerConflictError
 from smg_trio.worker.shared_load import SharedLoad
 from smg_trio.worker.spec import WorkerSpec
 from smg_trio.worker.state import WorkerState
+from smg_trio.worker.supervise import REBIND_BACKOFF_S
 
 __all__ = ["ATTACH_PATIENCE_S", "AttachedWorker", "FrontendManager"]
 

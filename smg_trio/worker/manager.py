@@ -19,20 +19,13 @@ from smg_trio.backend import (
     ServedModel,
     WorkerLease,
 )
-from smg_trio.connector.client import (
-    ENGINE_SILENCE_DEATH_TIMEOUT_S,
-    EngineClient,
-    open_engine_client,
-)
-from smg_trio.connector.tasks import learn_tasks
+from smg_trio.connector.client import ENGINE_SILENCE_DEATH_TIMEOUT_S, EngineClient
 from smg_trio.errors import ConflictError, EngineError, SmgError, ValidationError
 from smg_trio.lora import LoraRegistry
 from smg_trio.protocol.addresses import WorkerAddresses
-from smg_trio.protocol.types import EngineProtocol
 from smg_trio.routing.cache_aware import CacheAwareConfig
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.tcp import TcpOptions
-from smg_trio.transport.topology import HandshakeSocket, bind_handshake_socket
 from smg_trio.worker.confine import WorkerConfinement, escape
 from smg_trio.worker.jobs import (
     DEFAULT_JOB_TTL_S,
@@ -68,6 +61,7 @@ from smg_trio.worker.spec import (
     warn_remote_tcp,
 )
 from smg_trio.worker.state import WorkerState
+from smg_trio.worker.supervise import supervise
 from smg_trio.workflow import (
     ContextKey,
     StepDefinition,
@@ -82,8 +76,6 @@ __all__ = ["RegistrationJob", "WorkerManager", "WorkerSpec", "WorkerState"]
 
 log = logging.getLogger(__name__)
 
-#: Pause between data-plane re-binds after an engine died or a re-handshake failed.
-REBIND_BACKOFF_S = 0.5
 #: How long removal waits for a worker's in-flight requests before cancelling them.
 DRAIN_TIMEOUT_S = 30.0
 #: How long a request for a known model waits for a ready worker before its 503
@@ -457,7 +449,7 @@ class WorkerManager:
 
         async def bind_handshake(ctx: WorkflowContext) -> None:
             worker = ctx.get(_WORKER)
-            ctx.set(_CONNECT, await self._nursery.start(self._supervise, worker))
+            ctx.set(_CONNECT, await self._nursery.start(supervise, self, worker))
 
         async def handshake(ctx: WorkflowContext) -> None:
             await ctx.get(_CONNECT)()
@@ -592,105 +584,6 @@ class WorkerManager:
             log.info("registration of %r cancelled: %s", worker.spec.url, escape(error or ""))
         job.finish(status, error)
         self.jobs.finished(job)
-
-    async def _supervise(
-        self,
-        worker: WorkerState,
-        *,
-        task_status: trio.TaskStatus[Callable[[], Awaitable[None]]] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Own the worker's handshake ROUTER for the worker's whole life, and its connection.
-
-        Reports (``nursery.start``) once the ROUTER is bound, with the function that makes one
-        handshake attempt: it starts :meth:`_connect_loop` in this task's nursery and returns
-        once the first handshake completed, or raises its error (the registration's
-        ``handshake`` step, retried by the workflow). The connection then lives here: it serves
-        until the engine dies, marks the worker unhealthy, re-binds the data plane and waits
-        for the restarted engine to dial in again.
-
-        The ROUTER is bound once: a restarted engine sends HELLO once, often before the
-        gateway has noticed the death (or between two handshake attempts), and a re-bind of
-        that socket would lose it (the engine would then wait minutes for an INIT).
-        """
-        protocol: EngineProtocol = PROTOCOLS[worker.runtime]()
-        # A fresh scope per start: a failed bind attempt has used up the previous one.
-        worker.scope = scope = trio.CancelScope()
-        if worker.status in ("draining", "removed"):
-            scope.cancel()
-        worker.stopped = stopped = trio.Event()
-        try:
-            with scope:
-                async with (
-                    bind_handshake_socket(worker.addresses.handshake) as hs,
-                    trio.open_nursery() as nursery,
-                ):
-
-                    async def connect() -> None:
-                        try:
-                            await nursery.start(self._connect_loop, worker, protocol, hs)
-                        except (EngineError, OSError) as exc:
-                            worker.last_error = f"{type(exc).__name__}: {exc}"
-                            log.warning("worker %r: %s", worker.spec.url, escape(worker.last_error))
-                            raise
-
-                    task_status.started(connect)
-                    if self.kv_feed is not None and self.routes_requests:
-                        nursery.start_soon(self.kv_feed.run_worker, worker)
-                    await trio.sleep_forever()
-        finally:
-            stopped.set()
-
-    async def _connect_loop(
-        self,
-        worker: WorkerState,
-        protocol: EngineProtocol,
-        handshake: HandshakeSocket,
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        connected = False
-        while True:
-            try:
-                async with (
-                    open_engine_client(
-                        protocol,
-                        worker.addresses,
-                        engine_count=worker.spec.dp_size,
-                        ready_timeout_s=self.ready_timeout_s,
-                        silence_timeout_s=self.silence_timeout_s,
-                        handshake=handshake,
-                        tcp=self.tcp if worker.addresses.is_tcp else None,
-                    ) as client,
-                    trio.open_nursery() as side,
-                ):
-                    # Learnt beside the registration, never holding it: an engine that does
-                    # not answer utility calls is taken as generate-only after the bound.
-                    side.start_soon(
-                        learn_tasks, client, self.timing.tasks_timeout_s, worker.spec.url
-                    )
-                    worker.set_client(client)
-                    worker.last_error = None
-                    # A fresh handshake proves the engine healthy: failures of the dead
-                    # engine's requests must not keep the restarted one out for 60 s.
-                    worker.circuit.reset()
-                    if worker.status == "unhealthy":
-                        worker.status = "ready"
-                        log.info("worker %r reconnected", worker.spec.url)
-                    if not connected:
-                        connected = True
-                        task_status.started()
-                    await client.dead_event.wait()
-                    side.cancel_scope.cancel()
-                    worker.last_error = str(client.dead_reason)
-            except (EngineError, OSError) as exc:
-                if not connected:
-                    raise  # to the registration's handshake attempt
-                worker.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("worker %r: %s", worker.spec.url, escape(worker.last_error))
-            worker.set_client(None)
-            if worker.status == "ready":
-                worker.status = "unhealthy"
-            await trio.sleep(REBIND_BACKOFF_S)
 
     @property
     def workers(self) -> list[WorkerState]:
