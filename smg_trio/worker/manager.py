@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal
 
 import attrs
 import trio
@@ -26,7 +25,7 @@ from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.routing.cache_aware import CacheAwareConfig
 from smg_trio.transport.handshake import READY_TIMEOUT_S
 from smg_trio.transport.tcp import TcpOptions
-from smg_trio.worker.confine import WorkerConfinement, escape
+from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.jobs import (
     DEFAULT_JOB_TTL_S,
     DEFAULT_MAX_FINISHED_JOBS,
@@ -35,7 +34,7 @@ from smg_trio.worker.jobs import (
 )
 from smg_trio.worker.kv_feed import KvFeed, routing_snapshot
 from smg_trio.worker.lora_affinity import LoraAffinity
-from smg_trio.worker.model_files import check_model_files, load_model
+from smg_trio.worker.model_files import check_model_files
 from smg_trio.worker.policies import (
     DEFAULT_POLICY,
     CacheAwarePolicy,
@@ -43,16 +42,10 @@ from smg_trio.worker.policies import (
     RouteRequest,
     make_policy,
 )
-from smg_trio.worker.registration import (
-    RegistrationTiming,
-    bind_retryable,
-    check_dp_group,
-    handshake_retryable,
-    tokenizer_retryable,
-)
+from smg_trio.worker.registration import RegistrationTiming
+from smg_trio.worker.registration_flow import registration_definition, run_registration
 from smg_trio.worker.registry import WorkerConflictError, WorkerRegistry
 from smg_trio.worker.spec import (
-    PROTOCOLS,
     Runtime,
     WorkerSpec,
     model_id_for,
@@ -61,16 +54,7 @@ from smg_trio.worker.spec import (
     warn_remote_tcp,
 )
 from smg_trio.worker.state import WorkerState
-from smg_trio.worker.supervise import supervise
-from smg_trio.workflow import (
-    ContextKey,
-    StepDefinition,
-    WorkflowContext,
-    WorkflowDefinition,
-    WorkflowEngine,
-    WorkflowError,
-    WorkflowStatus,
-)
+from smg_trio.workflow import WorkflowEngine
 
 __all__ = ["RegistrationJob", "WorkerManager", "WorkerSpec", "WorkerState"]
 
@@ -88,12 +72,6 @@ MODEL_GRACE_S = 10.0
 #: Waiters for a ready worker re-check at least this often (the circuit breaker half-opens
 #: with time, which no event reports).
 _WAIT_RECHECK_S = 0.25
-
-#: The registration context: the reserved worker, the handshake attempt function that the
-#: ``bind_handshake`` step leaves for ``handshake``, and the context length to serve.
-_WORKER: ContextKey[WorkerState] = ContextKey("worker")
-_CONNECT: ContextKey[Callable[[], Awaitable[None]]] = ContextKey("connect")
-_MAX_MODEL_LEN: ContextKey[int] = ContextKey("max_model_len")
 
 
 class WorkerManager:
@@ -175,7 +153,7 @@ class WorkerManager:
         self._draining = False
         self.timing = registration_timing or RegistrationTiming()
         self.engine = WorkflowEngine()
-        self.definition = self._registration_definition()
+        self.definition = registration_definition(self)
 
     # -- GatewayBackend ------------------------------------------------------------------
 
@@ -384,7 +362,7 @@ class WorkerManager:
             warn_remote_tcp(spec.url)
         job = RegistrationJob(job_id=str(uuid.uuid4()), spec=spec, worker_id=worker.worker_id)
         self.jobs.add(job)
-        self._nursery.start_soon(self._run_registration, job, worker)
+        self._nursery.start_soon(run_registration, self, job, worker)
         return job
 
     async def register(self, spec: WorkerSpec) -> WorkerState:
@@ -398,192 +376,6 @@ class WorkerManager:
         worker = self.registry.get(job.worker_id)
         assert isinstance(worker, WorkerState)
         return worker
-
-    def _registration_definition(self) -> WorkflowDefinition:
-        """The registration DAG::
-
-            load_tokenizer -> bind_handshake -> handshake -> discover_metadata
-                -> check_dp_group (run_if dp_size > 1) -> activate
-            on failure: cleanup
-
-        Nothing is bound or created before the model directory passed its checks. The
-        handshake ROUTER is bound once (``bind_handshake``) and kept across handshake retries,
-        so a HELLO sent between two attempts waits in its queue instead of being lost.
-        """
-        t = self.timing
-
-        async def load_tokenizer(ctx: WorkflowContext) -> None:
-            worker = ctx.get(_WORKER)
-            if worker.spec.model_path is None:  # joins a served model: its tokenizer is loaded
-                served = self.get_model(worker.model_id)
-                if served is None:
-                    raise ValidationError(
-                        f"model {worker.model_id!r} is no longer served; give model_path",
-                        param="model_path",
-                    )
-                self.models.setdefault(worker.model_id, served)
-                return
-            # Abandoned on timeout: a wedged filesystem read cannot hold the registration.
-            tok, (eos, extra), max_len, pooling, defaults = await trio.to_thread.run_sync(
-                load_model,
-                worker.spec.model_path,
-                self.confinement.model_dirs,
-                self.chat_template,
-                self.chat_template_content_format,
-                abandon_on_cancel=True,
-            )
-            if worker.model_id not in self.models:
-                # Known (so requests get 503, not 404) before the engine is ready.
-                self.models[worker.model_id] = ServedModel(
-                    model_id=worker.model_id,
-                    tokenizer=tok,
-                    protocol=PROTOCOLS[worker.runtime](),
-                    max_model_len=max_len or 2048,
-                    eos_token_id=eos,
-                    extra_eos_token_ids=list(extra),
-                    reasoning_parser=worker.spec.reasoning_parser,
-                    tool_call_parser=worker.spec.tool_call_parser,
-                    pooling=pooling,
-                    sampling_defaults=defaults,
-                )
-
-        async def bind_handshake(ctx: WorkflowContext) -> None:
-            worker = ctx.get(_WORKER)
-            ctx.set(_CONNECT, await self._nursery.start(supervise, self, worker))
-
-        async def handshake(ctx: WorkflowContext) -> None:
-            await ctx.get(_CONNECT)()
-
-        async def discover(ctx: WorkflowContext) -> None:
-            worker = ctx.get(_WORKER)
-            client = worker.engine_client
-            assert client is not None
-            ready = client.ready_responses[0]
-            worker.metadata.update(
-                max_model_len=ready.max_model_len,
-                engine_version=ready.vllm_version,
-                dtype=ready.dtype,
-                data_parallel_size=ready.data_parallel_size,
-                engine_count=len(client.engines),
-                block_size=ready.block_size_tokens,
-            )
-            ctx.set(_MAX_MODEL_LEN, client.max_model_len)
-
-        async def dp_group(ctx: WorkflowContext) -> None:
-            worker = ctx.get(_WORKER)
-            client = worker.engine_client
-            assert client is not None
-            group = check_dp_group(worker.dp_size, client.engines)
-            if group.max_model_len != client.max_model_len:
-                log.warning(
-                    "worker %r: DP ranks report different max_model_len; using the smallest, %d",
-                    worker.spec.url,
-                    group.max_model_len,
-                )
-            worker.metadata.update(
-                dp_ranks=list(group.ranks),
-                dp_mode="lockstep" if group.lockstep else "independent",
-                max_model_len=group.max_model_len,
-            )
-            ctx.set(_MAX_MODEL_LEN, group.max_model_len)
-
-        async def activate(ctx: WorkflowContext) -> None:
-            worker = ctx.get(_WORKER)
-            model = self.models.get(worker.model_id)
-            if model is not None:
-                model.max_model_len = ctx.get(_MAX_MODEL_LEN)
-            worker.status = "ready"
-            log.info(
-                "worker %r (%s, model %r) is ready",
-                worker.spec.url,
-                worker.runtime,
-                worker.model_id,
-            )
-
-        async def cleanup(ctx: WorkflowContext) -> None:
-            # Undo what the failed run did: stop the supervisor (its sockets close and the
-            # ipc files it created are unlinked), then drop the reserved registry entry and
-            # the model entry if this was the model's last worker.
-            worker = ctx.get(_WORKER)
-            worker.scope.cancel()
-            await worker.stopped.wait()
-            self._forget(worker, retire=False)
-
-        return WorkflowDefinition(
-            "register_zmq_worker",
-            [
-                StepDefinition(
-                    "load_tokenizer",
-                    load_tokenizer,
-                    timeout_s=t.tokenizer_timeout_s,
-                    retry=t.tokenizer_retry,
-                    is_retryable=tokenizer_retryable,
-                ),
-                StepDefinition(
-                    "bind_handshake",
-                    bind_handshake,
-                    depends_on=("load_tokenizer",),
-                    timeout_s=t.bind_timeout_s,
-                    retry=t.bind_retry,
-                    is_retryable=bind_retryable,
-                ),
-                StepDefinition(
-                    "handshake",
-                    handshake,
-                    depends_on=("bind_handshake",),
-                    timeout_s=t.handshake_timeout_s or 3 * self.ready_timeout_s,
-                    retry=t.handshake_retry,
-                    is_retryable=handshake_retryable,
-                ),
-                StepDefinition(
-                    "discover_metadata",
-                    discover,
-                    depends_on=("handshake",),
-                    timeout_s=t.step_timeout_s,
-                ),
-                StepDefinition(
-                    "check_dp_group",
-                    dp_group,
-                    depends_on=("discover_metadata",),
-                    run_if=lambda ctx: ctx.get(_WORKER).dp_size > 1,
-                    timeout_s=t.step_timeout_s,
-                ),
-                StepDefinition(
-                    "activate",
-                    activate,
-                    depends_on=("check_dp_group",),
-                    timeout_s=t.step_timeout_s,
-                ),
-            ],
-            on_failure=StepDefinition("cleanup", cleanup, timeout_s=t.cleanup_timeout_s),
-        )
-
-    async def _run_registration(self, job: RegistrationJob, worker: WorkerState) -> None:
-        ctx = WorkflowContext({_WORKER.name: worker}, instance_id=job.job_id)
-        job.status = "running"
-        with worker.registration_scope:
-            async with trio.open_nursery() as nursery:
-                job.run = await self.engine.start(nursery, self.definition, ctx)
-        status: Literal["succeeded", "failed", "cancelled"]
-        error: str | None = None
-        try:
-            result = None if job.run is None else await job.run.wait()
-        except WorkflowError as exc:  # an engine fault (already logged), not a step failure
-            status, error = "failed", f"{type(exc).__name__}: {exc}"
-        else:
-            if result is None or result.status is WorkflowStatus.CANCELLED:
-                status, error = "cancelled", "worker removed during registration"
-            elif result.status is WorkflowStatus.COMPLETED:
-                status = "succeeded"
-            else:
-                where = f"step {result.failed_step}: " if result.failed_step else ""
-                status, error = "failed", f"{where}{result.error}"
-        if status == "failed":
-            log.error("registration of %r failed: %s", worker.spec.url, escape(error or ""))
-        elif status == "cancelled":  # a removal (DELETE, discovery, shutdown) asked for it
-            log.info("registration of %r cancelled: %s", worker.spec.url, escape(error or ""))
-        job.finish(status, error)
-        self.jobs.finished(job)
 
     @property
     def workers(self) -> list[WorkerState]:
