@@ -22,15 +22,13 @@ from smg_trio.protocol.handshake import EngineCoreReadyResponse
 from smg_trio.protocol.vllm import VllmProtocol
 from smg_trio.routing.cache_aware import RouteRequest
 from smg_trio.transport.handshake import EngineRegistration
-from smg_trio.worker.manager import (
-    REBIND_BACKOFF_S,
-    WorkerManager,
-    WorkerSpec,
-    WorkerState,
-    _load_model,
-)
+from smg_trio.worker.manager import WorkerManager
+from smg_trio.worker.model_files import load_model
 from smg_trio.worker.registry import WorkerConflictError
 from smg_trio.worker.shared_load import SharedLoad
+from smg_trio.worker.spec import WorkerSpec
+from smg_trio.worker.state import WorkerState
+from smg_trio.worker.supervise import REBIND_BACKOFF_S
 
 __all__ = ["ATTACH_PATIENCE_S", "AttachedWorker", "FrontendManager"]
 
@@ -214,7 +212,7 @@ class FrontendManager(WorkerManager):
         if worker.model_id in self.models:
             return
         tok, (eos, extra), max_len, pooling, defaults = await trio.to_thread.run_sync(
-            _load_model,
+            load_model,
             worker.spec.model_path,
             self.confinement.model_dirs,
             self.chat_template,

@@ -13,7 +13,7 @@ import trio
 from smg_trio.workflow import StepState, WorkflowHandle
 
 if TYPE_CHECKING:
-    from smg_trio.worker.manager import WorkerSpec
+    from smg_trio.worker.spec import WorkerSpec
 
 __all__ = ["DEFAULT_JOB_TTL_S", "DEFAULT_MAX_FINISHED_JOBS", "JobTable", "RegistrationJob"]
 

@@ -1,14 +1,12 @@
-"""Worker lifecycle: the registration workflow, per-worker connection supervisors that
-re-handshake restarted engines, removal with drain, and the gateway's backend view."""
+"""The worker manager: adds workers (their registration workflow in its nursery), removes them
+with drain, and is the gateway's backend view (leases, served models, readiness)."""
 
 from __future__ import annotations
 
 import logging
-import os
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
 
 import attrs
 import trio
@@ -20,36 +18,14 @@ from smg_trio.backend import (
     ServedModel,
     WorkerLease,
 )
-from smg_trio.connector.client import (
-    ENGINE_SILENCE_DEATH_TIMEOUT_S,
-    EngineClient,
-    open_engine_client,
-)
-from smg_trio.connector.tasks import learn_tasks
+from smg_trio.connector.client import ENGINE_SILENCE_DEATH_TIMEOUT_S, EngineClient
 from smg_trio.errors import ConflictError, EngineError, SmgError, ValidationError
 from smg_trio.lora import LoraRegistry
-from smg_trio.parsers.reasoning import get_reasoning_format
-from smg_trio.parsers.tools import tool_parser_names
-from smg_trio.protocol.addresses import WorkerAddresses, worker_addresses
-from smg_trio.protocol.tokenspeed import TokenSpeedProtocol
-from smg_trio.protocol.types import EngineProtocol
-from smg_trio.protocol.vllm import VllmProtocol
+from smg_trio.protocol.addresses import WorkerAddresses
 from smg_trio.routing.cache_aware import CacheAwareConfig
-from smg_trio.tokenizer.core import Tokenizer, load_model_json
-from smg_trio.tokenizer.eos import resolve_eos
-from smg_trio.tokenizer.generation_config import sampling_defaults
-from smg_trio.tokenizer.hub import HubModelError, is_hub_id, is_revision, resolve_hub_model
-from smg_trio.tokenizer.modeldir import ModelDir
-from smg_trio.tokenizer.pooling_info import PoolingInfo, read_pooling_info
 from smg_trio.transport.handshake import READY_TIMEOUT_S
-from smg_trio.transport.tcp import TcpOptions, is_wildcard_host
-from smg_trio.transport.topology import HandshakeSocket, bind_handshake_socket
-from smg_trio.worker.confine import (
-    WorkerConfinement,
-    escape,
-    is_loopback_host,
-    require_printable,
-)
+from smg_trio.transport.tcp import TcpOptions
+from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.jobs import (
     DEFAULT_JOB_TTL_S,
     DEFAULT_MAX_FINISHED_JOBS,
@@ -58,6 +34,7 @@ from smg_trio.worker.jobs import (
 )
 from smg_trio.worker.kv_feed import KvFeed, routing_snapshot
 from smg_trio.worker.lora_affinity import LoraAffinity
+from smg_trio.worker.model_files import check_model_files
 from smg_trio.worker.policies import (
     DEFAULT_POLICY,
     CacheAwarePolicy,
@@ -65,31 +42,24 @@ from smg_trio.worker.policies import (
     RouteRequest,
     make_policy,
 )
-from smg_trio.worker.registration import (
-    RegistrationTiming,
-    bind_retryable,
-    check_dp_group,
-    handshake_retryable,
-    tokenizer_retryable,
+from smg_trio.worker.registration import RegistrationTiming
+from smg_trio.worker.registration_flow import registration_definition, run_registration
+from smg_trio.worker.registry import WorkerConflictError, WorkerRegistry
+from smg_trio.worker.spec import (
+    Runtime,
+    WorkerSpec,
+    model_id_for,
+    resolve_hub_spec,
+    validate_spec,
+    warn_remote_tcp,
 )
-from smg_trio.worker.registry import Worker, WorkerConflictError, WorkerRegistry
-from smg_trio.workflow import (
-    ContextKey,
-    StepDefinition,
-    WorkflowContext,
-    WorkflowDefinition,
-    WorkflowEngine,
-    WorkflowError,
-    WorkflowStatus,
-)
+from smg_trio.worker.state import WorkerState
+from smg_trio.workflow import WorkflowEngine
 
 __all__ = ["RegistrationJob", "WorkerManager", "WorkerSpec", "WorkerState"]
 
 log = logging.getLogger(__name__)
 
-Runtime = Literal["vllm", "tokenspeed"]
-#: Pause between data-plane re-binds after an engine died or a re-handshake failed.
-REBIND_BACKOFF_S = 0.5
 #: How long removal waits for a worker's in-flight requests before cancelling them.
 DRAIN_TIMEOUT_S = 30.0
 #: How long a request for a known model waits for a ready worker before its 503
@@ -97,272 +67,11 @@ DRAIN_TIMEOUT_S = 30.0
 WORKER_WAIT_TIMEOUT_S = 10.0
 #: How often a removal re-reads the other processes' in-flight counts while it drains.
 REMOTE_DRAIN_POLL_S = 0.05
-#: The largest ``dp_size`` a worker spec may ask for (engines dialing one socket set).
-MAX_DP_SIZE = 1024
 #: How long a model stays known (requests wait, then 503; not 404) after its last worker left.
 MODEL_GRACE_S = 10.0
 #: Waiters for a ready worker re-check at least this often (the circuit breaker half-opens
 #: with time, which no event reports).
 _WAIT_RECHECK_S = 0.25
-
-#: The registration context: the reserved worker, the handshake attempt function that the
-#: ``bind_handshake`` step leaves for ``handshake``, and the context length to serve.
-_WORKER: ContextKey[WorkerState] = ContextKey("worker")
-_CONNECT: ContextKey[Callable[[], Awaitable[None]]] = ContextKey("connect")
-_MAX_MODEL_LEN: ContextKey[int] = ContextKey("max_model_len")
-
-_PROTOCOLS: dict[str, type[VllmProtocol] | type[TokenSpeedProtocol]] = {
-    "vllm": VllmProtocol,
-    "tokenspeed": TokenSpeedProtocol,
-}
-
-
-@attrs.frozen
-class WorkerSpec:
-    """What ``POST /workers`` or ``--worker-urls`` asks for. ``dp_size`` is the number of
-    engines (DP ranks) that dial this worker's one socket set."""
-
-    url: str
-    model_path: str | None = None
-    model_id: str | None = None
-    runtime_type: str | None = None
-    zmq_handshake_address: str | None = None
-    dp_size: int = 1
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
-    #: With a Hugging Face id: the branch, tag or commit of its snapshot (default ``main``).
-    revision: str | None = None
-
-
-def _set_event() -> trio.Event:
-    event = trio.Event()
-    event.set()
-    return event
-
-
-@attrs.define(eq=False, kw_only=True)
-class WorkerState(Worker):
-    """A registered worker (:class:`~smg_trio.worker.registry.Worker`) plus its lifecycle:
-    the spec it came from, its addresses, and the cancel scopes of its registration and of its
-    connection supervisor."""
-
-    spec: WorkerSpec
-    addresses: WorkerAddresses
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    registration_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    idle: trio.Event = attrs.field(factory=trio.Event)
-    #: Set once the connection supervisor (and with it every socket) is gone; set while none
-    #: was started.
-    stopped: trio.Event = attrs.field(factory=_set_event)
-    #: Set (then replaced by a fresh event) whenever ``client`` is assigned or cleared; grab it
-    #: before reading ``client`` to wait for the next change without missing one.
-    client_changed: trio.Event = attrs.field(factory=trio.Event)
-    last_error: str | None = None
-    #: Counts the engine clients this worker had: each handshake (a restarted engine's too)
-    #: is a new generation, which frontend processes re-attach to.
-    generation: int = 0
-
-    def set_client(self, client: EngineClient | None) -> None:
-        """Swap the live engine client (or clear it) and wake ``client_changed`` waiters."""
-        self.client = client
-        if client is not None:
-            self.generation += 1
-            self.held = None  # a new engine (a restart) is awake, whatever its last life was
-        changed, self.client_changed = self.client_changed, trio.Event()
-        changed.set()
-        self.changed()
-
-    @property
-    def engine_client(self) -> EngineClient | None:
-        """The live engine client, if connected."""
-        return self.client if isinstance(self.client, EngineClient) else None
-
-    @property
-    def healthy(self) -> bool:
-        """Routable: ready, circuit closed, and the engine client alive."""
-        c = self.engine_client
-        return super().healthy and c is not None and c.alive
-
-    def load_score(self) -> float:
-        """Own in-flight floor vs the engines' reported running + waiting (requests)."""
-        c = self.engine_client
-        if c is not None:
-            self.loads = tuple(c.load())
-        return super().load_score()
-
-    def rank_loads(self) -> list[tuple[int, float]]:
-        """``(DP rank, load score)`` of each connected engine (the connector's rank score:
-        every frontend's in-flight requests or running + waiting)."""
-        c = self.engine_client
-        return [] if c is None else c.rank_scores()
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``/workers`` representation."""
-        c = self.engine_client
-        return {
-            "id": self.worker_id,
-            "url": self.url,
-            "model_id": self.model_id,
-            "runtime_type": self.runtime,
-            "status": self.status,
-            "held": self.held,
-            "healthy": self.healthy,
-            "dp_size": self.dp_size,
-            "zmq_handshake_address": self.handshake_address,
-            "inflight": self.inflight,
-            "circuit": str(self.circuit.state),
-            "metadata": self.metadata,
-            "last_error": self.last_error,
-            "load": [
-                {
-                    "num_running": ld.num_running,
-                    "num_waiting": ld.num_waiting,
-                    "kv_cache_usage": ld.kv_cache_usage,
-                }
-                for ld in (c.load() if c else [])
-            ],
-        }
-
-
-def _model_id_for(spec: WorkerSpec) -> str:
-    if spec.model_id:
-        return spec.model_id
-    if spec.model_path:
-        return spec.model_path
-    raise ValidationError("a worker needs model_path or model_id", param="model_path")
-
-
-def _resolve_hub_spec(spec: WorkerSpec) -> WorkerSpec:
-    """``spec`` with a Hugging Face id (``model_path``, else ``model_id``; a local directory
-    of that name wins) replaced by its snapshot in the hub cache, the id becoming the
-    default ``model_id``. Cache only: a request never makes the gateway fetch a repo.
-    Blocking I/O: run it in a thread. Raises ``ValidationError``."""
-    param, ref = ("model_path", spec.model_path) if spec.model_path else ("model_id", spec.model_id)
-    if spec.revision is not None and not is_revision(spec.revision):
-        raise ValidationError(
-            f"revision {spec.revision!r} is not a branch, tag or commit name", param="revision"
-        )
-    if ref is None or not is_hub_id(ref) or os.path.isdir(ref):
-        if spec.revision is not None:
-            raise ValidationError(
-                f"revision applies to a Hugging Face id, and {param} {ref!r} is not one (or is "
-                "a local directory)",
-                param="revision",
-            )
-        return spec
-    try:
-        hub = resolve_hub_model(ref, spec.revision, allow_download=False)
-    except HubModelError as exc:
-        # the hub cache's path goes to the log, not to the client (issue 28, item 8)
-        log.warning("worker %r: %s", spec.url, escape(str(exc)))
-        raise ValidationError(exc.public, param=param) from exc
-    log.info(
-        "worker %r: %s %s at %s is Hugging Face snapshot %s (%s)",
-        spec.url,
-        param,
-        ref,
-        spec.revision or "main",
-        hub.commit,
-        hub.path,
-    )
-    # the snapshot's directory names its commit: the revision is spent
-    return attrs.evolve(
-        spec, model_path=hub.path, model_id=spec.model_id or hub.repo_id, revision=None
-    )
-
-
-def _warn_remote_tcp(url: str) -> None:
-    """A ``tcp://`` worker bound off loopback carries prompts and tokens over the network,
-    unencrypted, with engines admitted by peer address only (as vLLM's own DP traffic):
-    say so once per worker (docs/security.md, "Engine sockets")."""
-    host = url.removeprefix("tcp://").rpartition(":")[0]
-    if is_loopback_host(host):
-        return
-    log.warning(
-        "worker %r: its engine traffic (prompts, tokens) crosses the network unencrypted, and "
-        "engines are admitted by their address (--allowed-engine-hosts): use a trusted, "
-        "private network (docs/security.md)",
-        url,
-    )
-
-
-def _check_launched(
-    spec: WorkerSpec, addrs: WorkerAddresses, launched: WorkerSpec, client_count: int
-) -> None:
-    """Refuse a spec at a launched engine's URL that the engine cannot serve: another
-    engine count, wire, handshake address or model than it was started with (its
-    registration would wait for engines or a handshake that never come)."""
-    fixed = worker_addresses(
-        launched.url, launched.zmq_handshake_address, client_count=client_count
-    )
-    same_model = spec.model_path is None or (
-        launched.model_path is not None
-        and os.path.realpath(spec.model_path) == os.path.realpath(launched.model_path)
-    )
-    for param, same, what in (
-        ("dp_size", spec.dp_size == launched.dp_size, f"dp_size {launched.dp_size}"),
-        (
-            "runtime_type",
-            (spec.runtime_type or "vllm") == (launched.runtime_type or "vllm"),
-            f"runtime_type {launched.runtime_type or 'vllm'}",
-        ),
-        (
-            "zmq_handshake_address",
-            addrs.handshake == fixed.handshake,
-            f"its handshake at {fixed.handshake}",
-        ),
-        ("model_path", same_model, f"model_path {launched.model_path}"),
-    ):
-        if not same:
-            raise ValidationError(
-                f"{spec.url} is an engine that serve launched with {what}; a worker added at "
-                "its URL is served by that engine, so it must keep it",
-                param=param,
-            )
-
-
-def _config_max_len(model_dir: ModelDir) -> int | None:
-    try:
-        cfg = load_model_json(model_dir, "config.json")
-    except (OSError, ValueError):
-        return None
-    value = cfg.get("max_position_embeddings")
-    return int(value) if isinstance(value, int) else None
-
-
-def _open_model_dir(path: str | None, roots: Sequence[str]) -> ModelDir:
-    """The confined model directory of a spec (blocking I/O: run it in a thread). Raises
-    ``ModelPathError`` outside the roots, ``ValidationError`` if it is not a directory."""
-    model_dir = None if path is None else ModelDir(path, roots)
-    if model_dir is None or not model_dir.path.is_dir():
-        raise ValidationError(
-            f"model_path {path!r} is not a local model directory (the ZMQ wire carries "
-            "token ids only, so the gateway needs the tokenizer)",
-            param="model_path",
-        )
-    return model_dir
-
-
-def _load_model(
-    path: str | None,
-    roots: Sequence[str],
-    chat_template: str | None = None,
-    content_format: str = "auto",
-) -> tuple[Tokenizer, tuple[int | None, list[int]], int | None, PoolingInfo, dict[str, float]]:
-    """Tokenizer, EOS ids, ``max_position_embeddings``, pooling info and the sampling
-    defaults of ``generation_config.json`` of a spec's model directory, every file read
-    confined to ``roots`` (blocking I/O: run it in a thread); ``chat_template``
-    (``--chat-template``'s source) replaces the model's templates."""
-    model_dir = _open_model_dir(path, roots)
-    tok = Tokenizer.from_dir(model_dir, chat_template=chat_template, content_format=content_format)
-    info = read_pooling_info(model_dir)
-    eos = resolve_eos(model_dir, tok)
-    return tok, eos, _config_max_len(model_dir), info, sampling_defaults(model_dir)
-
-
-def _check_model_files(path: str | None, roots: Sequence[str]) -> None:
-    if path is not None:
-        ModelDir(path, roots).check_files()
 
 
 class WorkerManager:
@@ -444,7 +153,7 @@ class WorkerManager:
         self._draining = False
         self.timing = registration_timing or RegistrationTiming()
         self.engine = WorkflowEngine()
-        self.definition = self._registration_definition()
+        self.definition = registration_definition(self)
 
     # -- GatewayBackend ------------------------------------------------------------------
 
@@ -595,73 +304,16 @@ class WorkerManager:
 
     def validate_spec(self, spec: WorkerSpec) -> tuple[Runtime, WorkerAddresses]:
         """Step 1 and 2 of registration, synchronously (so ``POST /workers`` can 400 at once):
-        the fields, and the :attr:`confinement` rules that need no I/O. Nothing is logged,
-        created or bound before the whole spec passed.
-
-        Raises ``ValidationError`` naming the field, or the conflicting worker's URL.
-        """
-        conf = self.confinement
-        conf.check_url(spec.url)
-        runtime = spec.runtime_type or "vllm"
-        if runtime not in _PROTOCOLS:
-            raise ValidationError(
-                f"runtime_type must be vllm or tokenspeed (the ZMQ wires), got {runtime!r}",
-                param="runtime_type",
-            )
-        if not 1 <= spec.dp_size <= MAX_DP_SIZE:
-            raise ValidationError(f"dp_size must be in 1..{MAX_DP_SIZE}", param="dp_size")
-        if spec.zmq_handshake_address is not None:
-            conf.check_handshake(spec.zmq_handshake_address)
-        if spec.model_path is not None:
-            conf.check_model_path(spec.model_path)
-        for name in ("model_id", "reasoning_parser", "tool_call_parser"):
-            value = getattr(spec, name)
-            if value is not None:
-                require_printable(value, name)
-        if spec.reasoning_parser is not None:
-            try:
-                get_reasoning_format(spec.reasoning_parser)
-            except ValueError as exc:
-                raise ValidationError(str(exc), param="reasoning_parser") from None
-        if spec.tool_call_parser is not None and spec.tool_call_parser not in tool_parser_names():
-            raise ValidationError(
-                f"unknown tool call parser {spec.tool_call_parser!r}; valid names: "
-                f"{', '.join(tool_parser_names())}",
-                param="tool_call_parser",
-            )
-        try:
-            addrs = worker_addresses(
-                spec.url, spec.zmq_handshake_address, client_count=self.client_count
-            )
-        except ValueError as exc:
-            raise ValidationError(
-                str(exc), param="url" if "URL" in str(exc) else "zmq_handshake_address"
-            ) from exc
-        if addrs.is_tcp and self.tcp.advertise_host is None:
-            host = spec.url.removeprefix("tcp://").rpartition(":")[0]
-            if is_wildcard_host(host):
-                raise ValidationError(
-                    f"url {spec.url!r} binds every interface, which engines cannot dial; "
-                    "set --zmq-advertise-host to the address they should use",
-                    param="url",
-                )
-        if (launched := self.launched.get(spec.url)) is not None:
-            _check_launched(spec, addrs, launched, self.client_count)
-        if runtime == "tokenspeed" and self.client_count > 1:
-            raise ValidationError(
-                "runtime_type tokenspeed serves one frontend client, and this gateway runs "
-                "several (--api-server-count above 1)",
-                param="runtime_type",
-            )
-        model_id = _model_id_for(spec)
-        if spec.model_path is None and self.get_model(model_id) is None:
-            raise ValidationError(
-                f"model_path is required: the gateway tokenizes, so it loads the tokenizer from "
-                f"the model directory (model_id alone joins a model already served, and "
-                f"{model_id!r} is not)",
-                param="model_path",
-            )
-        return runtime, addrs  # type: ignore[return-value]
+        the fields, and the :attr:`confinement` rules that need no I/O (see
+        :func:`~smg_trio.worker.spec.validate_spec`). Raises ``ValidationError``."""
+        return validate_spec(
+            spec,
+            confinement=self.confinement,
+            tcp=self.tcp,
+            client_count=self.client_count,
+            launched=self.launched.get(spec.url),
+            get_model=self.get_model,
+        )
 
     async def check_spec(self, spec: WorkerSpec) -> WorkerSpec:
         """:meth:`validate_spec` plus the checks that need the filesystem (off the event
@@ -673,7 +325,7 @@ class WorkerManager:
         ``ValidationError``."""
         joins = spec.model_path is None and spec.model_id is not None
         if not joins or self.get_model(spec.model_id or "") is None:
-            spec = await trio.to_thread.run_sync(_resolve_hub_spec, spec)
+            spec = await trio.to_thread.run_sync(resolve_hub_spec, spec)
         elif spec.revision is not None:
             raise ValidationError(
                 f"revision needs model_path: model_id alone joins {spec.model_id!r} as it is "
@@ -682,7 +334,7 @@ class WorkerManager:
             )
         self.validate_spec(spec)
         await trio.to_thread.run_sync(
-            _check_model_files, spec.model_path, self.confinement.model_dirs
+            check_model_files, spec.model_path, self.confinement.model_dirs
         )
         return spec
 
@@ -692,7 +344,7 @@ class WorkerManager:
         runtime, addrs = self.validate_spec(spec)
         worker = WorkerState(
             url=spec.url,
-            model_id=_model_id_for(spec),
+            model_id=model_id_for(spec),
             runtime=runtime,
             dp_size=spec.dp_size,
             handshake_address=addrs.handshake,
@@ -707,10 +359,10 @@ class WorkerManager:
         if spec.runtime_type is None:
             log.info("worker %r has no runtime_type: vllm", spec.url)
         if addrs.is_tcp:
-            _warn_remote_tcp(spec.url)
+            warn_remote_tcp(spec.url)
         job = RegistrationJob(job_id=str(uuid.uuid4()), spec=spec, worker_id=worker.worker_id)
         self.jobs.add(job)
-        self._nursery.start_soon(self._run_registration, job, worker)
+        self._nursery.start_soon(run_registration, self, job, worker)
         return job
 
     async def register(self, spec: WorkerSpec) -> WorkerState:
@@ -724,291 +376,6 @@ class WorkerManager:
         worker = self.registry.get(job.worker_id)
         assert isinstance(worker, WorkerState)
         return worker
-
-    def _registration_definition(self) -> WorkflowDefinition:
-        """The registration DAG::
-
-            load_tokenizer -> bind_handshake -> handshake -> discover_metadata
-                -> check_dp_group (run_if dp_size > 1) -> activate
-            on failure: cleanup
-
-        Nothing is bound or created before the model directory passed its checks. The
-        handshake ROUTER is bound once (``bind_handshake``) and kept across handshake retries,
-        so a HELLO sent between two attempts waits in its queue instead of being lost.
-        """
-        t = self.timing
-
-        async def load_tokenizer(ctx: WorkflowContext) -> None:
-            worker = ctx.get(_WORKER)
-            if worker.spec.model_path is None:  # joins a served model: its tokenizer is loaded
-                served = self.get_model(worker.model_id)
-                if served is None:
-                    raise ValidationError(
-                        f"model {worker.model_id!r} is no longer served; give model_path",
-                        param="model_path",
-                    )
-                self.models.setdefault(worker.model_id, served)
-                return
-            # Abandoned on timeout: a wedged filesystem read cannot hold the registration.
-            tok, (eos, extra), max_len, pooling, defaults = await trio.to_thread.run_sync(
-                _load_model,
-                worker.spec.model_path,
-                self.confinement.model_dirs,
-                self.chat_template,
-                self.chat_template_content_format,
-                abandon_on_cancel=True,
-            )
-            if worker.model_id not in self.models:
-                # Known (so requests get 503, not 404) before the engine is ready.
-                self.models[worker.model_id] = ServedModel(
-                    model_id=worker.model_id,
-                    tokenizer=tok,
-                    protocol=_PROTOCOLS[worker.runtime](),
-                    max_model_len=max_len or 2048,
-                    eos_token_id=eos,
-                    extra_eos_token_ids=list(extra),
-                    reasoning_parser=worker.spec.reasoning_parser,
-                    tool_call_parser=worker.spec.tool_call_parser,
-                    pooling=pooling,
-                    sampling_defaults=defaults,
-                )
-
-        async def bind_handshake(ctx: WorkflowContext) -> None:
-            worker = ctx.get(_WORKER)
-            ctx.set(_CONNECT, await self._nursery.start(self._supervise, worker))
-
-        async def handshake(ctx: WorkflowContext) -> None:
-            await ctx.get(_CONNECT)()
-
-        async def discover(ctx: WorkflowContext) -> None:
-            worker = ctx.get(_WORKER)
-            client = worker.engine_client
-            assert client is not None
-            ready = client.ready_responses[0]
-            worker.metadata.update(
-                max_model_len=ready.max_model_len,
-                engine_version=ready.vllm_version,
-                dtype=ready.dtype,
-                data_parallel_size=ready.data_parallel_size,
-                engine_count=len(client.engines),
-                block_size=ready.block_size_tokens,
-            )
-            ctx.set(_MAX_MODEL_LEN, client.max_model_len)
-
-        async def dp_group(ctx: WorkflowContext) -> None:
-            worker = ctx.get(_WORKER)
-            client = worker.engine_client
-            assert client is not None
-            group = check_dp_group(worker.dp_size, client.engines)
-            if group.max_model_len != client.max_model_len:
-                log.warning(
-                    "worker %r: DP ranks report different max_model_len; using the smallest, %d",
-                    worker.spec.url,
-                    group.max_model_len,
-                )
-            worker.metadata.update(
-                dp_ranks=list(group.ranks),
-                dp_mode="lockstep" if group.lockstep else "independent",
-                max_model_len=group.max_model_len,
-            )
-            ctx.set(_MAX_MODEL_LEN, group.max_model_len)
-
-        async def activate(ctx: WorkflowContext) -> None:
-            worker = ctx.get(_WORKER)
-            model = self.models.get(worker.model_id)
-            if model is not None:
-                model.max_model_len = ctx.get(_MAX_MODEL_LEN)
-            worker.status = "ready"
-            log.info(
-                "worker %r (%s, model %r) is ready",
-                worker.spec.url,
-                worker.runtime,
-                worker.model_id,
-            )
-
-        async def cleanup(ctx: WorkflowContext) -> None:
-            # Undo what the failed run did: stop the supervisor (its sockets close and the
-            # ipc files it created are unlinked), then drop the reserved registry entry and
-            # the model entry if this was the model's last worker.
-            worker = ctx.get(_WORKER)
-            worker.scope.cancel()
-            await worker.stopped.wait()
-            self._forget(worker, retire=False)
-
-        return WorkflowDefinition(
-            "register_zmq_worker",
-            [
-                StepDefinition(
-                    "load_tokenizer",
-                    load_tokenizer,
-                    timeout_s=t.tokenizer_timeout_s,
-                    retry=t.tokenizer_retry,
-                    is_retryable=tokenizer_retryable,
-                ),
-                StepDefinition(
-                    "bind_handshake",
-                    bind_handshake,
-                    depends_on=("load_tokenizer",),
-                    timeout_s=t.bind_timeout_s,
-                    retry=t.bind_retry,
-                    is_retryable=bind_retryable,
-                ),
-                StepDefinition(
-                    "handshake",
-                    handshake,
-                    depends_on=("bind_handshake",),
-                    timeout_s=t.handshake_timeout_s or 3 * self.ready_timeout_s,
-                    retry=t.handshake_retry,
-                    is_retryable=handshake_retryable,
-                ),
-                StepDefinition(
-                    "discover_metadata",
-                    discover,
-                    depends_on=("handshake",),
-                    timeout_s=t.step_timeout_s,
-                ),
-                StepDefinition(
-                    "check_dp_group",
-                    dp_group,
-                    depends_on=("discover_metadata",),
-                    run_if=lambda ctx: ctx.get(_WORKER).dp_size > 1,
-                    timeout_s=t.step_timeout_s,
-                ),
-                StepDefinition(
-                    "activate",
-                    activate,
-                    depends_on=("check_dp_group",),
-                    timeout_s=t.step_timeout_s,
-                ),
-            ],
-            on_failure=StepDefinition("cleanup", cleanup, timeout_s=t.cleanup_timeout_s),
-        )
-
-    async def _run_registration(self, job: RegistrationJob, worker: WorkerState) -> None:
-        ctx = WorkflowContext({_WORKER.name: worker}, instance_id=job.job_id)
-        job.status = "running"
-        with worker.registration_scope:
-            async with trio.open_nursery() as nursery:
-                job.run = await self.engine.start(nursery, self.definition, ctx)
-        status: Literal["succeeded", "failed", "cancelled"]
-        error: str | None = None
-        try:
-            result = None if job.run is None else await job.run.wait()
-        except WorkflowError as exc:  # an engine fault (already logged), not a step failure
-            status, error = "failed", f"{type(exc).__name__}: {exc}"
-        else:
-            if result is None or result.status is WorkflowStatus.CANCELLED:
-                status, error = "cancelled", "worker removed during registration"
-            elif result.status is WorkflowStatus.COMPLETED:
-                status = "succeeded"
-            else:
-                where = f"step {result.failed_step}: " if result.failed_step else ""
-                status, error = "failed", f"{where}{result.error}"
-        if status == "failed":
-            log.error("registration of %r failed: %s", worker.spec.url, escape(error or ""))
-        elif status == "cancelled":  # a removal (DELETE, discovery, shutdown) asked for it
-            log.info("registration of %r cancelled: %s", worker.spec.url, escape(error or ""))
-        job.finish(status, error)
-        self.jobs.finished(job)
-
-    async def _supervise(
-        self,
-        worker: WorkerState,
-        *,
-        task_status: trio.TaskStatus[Callable[[], Awaitable[None]]] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Own the worker's handshake ROUTER for the worker's whole life, and its connection.
-
-        Reports (``nursery.start``) once the ROUTER is bound, with the function that makes one
-        handshake attempt: it starts :meth:`_connect_loop` in this task's nursery and returns
-        once the first handshake completed, or raises its error (the registration's
-        ``handshake`` step, retried by the workflow). The connection then lives here: it serves
-        until the engine dies, marks the worker unhealthy, re-binds the data plane and waits
-        for the restarted engine to dial in again.
-
-        The ROUTER is bound once: a restarted engine sends HELLO once, often before the
-        gateway has noticed the death (or between two handshake attempts), and a re-bind of
-        that socket would lose it (the engine would then wait minutes for an INIT).
-        """
-        protocol: EngineProtocol = _PROTOCOLS[worker.runtime]()
-        # A fresh scope per start: a failed bind attempt has used up the previous one.
-        worker.scope = scope = trio.CancelScope()
-        if worker.status in ("draining", "removed"):
-            scope.cancel()
-        worker.stopped = stopped = trio.Event()
-        try:
-            with scope:
-                async with (
-                    bind_handshake_socket(worker.addresses.handshake) as hs,
-                    trio.open_nursery() as nursery,
-                ):
-
-                    async def connect() -> None:
-                        try:
-                            await nursery.start(self._connect_loop, worker, protocol, hs)
-                        except (EngineError, OSError) as exc:
-                            worker.last_error = f"{type(exc).__name__}: {exc}"
-                            log.warning("worker %r: %s", worker.spec.url, escape(worker.last_error))
-                            raise
-
-                    task_status.started(connect)
-                    if self.kv_feed is not None and self.routes_requests:
-                        nursery.start_soon(self.kv_feed.run_worker, worker)
-                    await trio.sleep_forever()
-        finally:
-            stopped.set()
-
-    async def _connect_loop(
-        self,
-        worker: WorkerState,
-        protocol: EngineProtocol,
-        handshake: HandshakeSocket,
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        connected = False
-        while True:
-            try:
-                async with (
-                    open_engine_client(
-                        protocol,
-                        worker.addresses,
-                        engine_count=worker.spec.dp_size,
-                        ready_timeout_s=self.ready_timeout_s,
-                        silence_timeout_s=self.silence_timeout_s,
-                        handshake=handshake,
-                        tcp=self.tcp if worker.addresses.is_tcp else None,
-                    ) as client,
-                    trio.open_nursery() as side,
-                ):
-                    # Learnt beside the registration, never holding it: an engine that does
-                    # not answer utility calls is taken as generate-only after the bound.
-                    side.start_soon(
-                        learn_tasks, client, self.timing.tasks_timeout_s, worker.spec.url
-                    )
-                    worker.set_client(client)
-                    worker.last_error = None
-                    # A fresh handshake proves the engine healthy: failures of the dead
-                    # engine's requests must not keep the restarted one out for 60 s.
-                    worker.circuit.reset()
-                    if worker.status == "unhealthy":
-                        worker.status = "ready"
-                        log.info("worker %r reconnected", worker.spec.url)
-                    if not connected:
-                        connected = True
-                        task_status.started()
-                    await client.dead_event.wait()
-                    side.cancel_scope.cancel()
-                    worker.last_error = str(client.dead_reason)
-            except (EngineError, OSError) as exc:
-                if not connected:
-                    raise  # to the registration's handshake attempt
-                worker.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("worker %r: %s", worker.spec.url, escape(worker.last_error))
-            worker.set_client(None)
-            if worker.status == "ready":
-                worker.status = "unhealthy"
-            await trio.sleep(REBIND_BACKOFF_S)
 
     @property
     def workers(self) -> list[WorkerState]:

@@ -233,7 +233,7 @@ async def test_post_workers_400s_keep_the_hub_cache_path_in_the_log(
     """An id not in the cache is a 400 that says so without naming the cache's path (a
     client learns nothing of the gateway's filesystem); the log names it (issue 28, item 8)."""
     conf = WorkerConfinement(socket_dirs=(str(tmp_path),), model_dirs=(str(hub), str(tmp_path)))
-    caplog.set_level(logging.WARNING, logger="smg_trio.worker.manager")
+    caplog.set_level(logging.WARNING, logger="smg_trio.worker.spec")
     async with trio.open_nursery() as nursery:
         manager = WorkerManager(nursery, confinement=conf)
         for spec in (

@@ -13,7 +13,7 @@ from smg_trio.errors import ValidationError
 from smg_trio.mock.tiny_model import default_tiny_model_dir
 from smg_trio.tokenizer import ChatTemplate, Tokenizer, request_template
 from smg_trio.tokenizer.template_arg import MAX_TEMPLATE_BYTES, load_chat_template_arg
-from smg_trio.worker.manager import _load_model
+from smg_trio.worker.model_files import load_model
 
 PARTS = "{% for m in messages %}{% for p in m['content'] %}<{{ p.text }}>{% endfor %}{% endfor %}"
 STRING = "{% for m in messages %}[{{ m.content }}]{% endfor %}"
@@ -55,7 +55,7 @@ def test_chat_template_arg_is_a_file_or_the_template_inline(tmp_path: Path) -> N
 
 def test_the_override_replaces_the_model_template() -> None:
     model = str(default_tiny_model_dir())
-    tok, *_ = _load_model(model, [model], "X{{ messages[0]['content'] }}", "string")
+    tok, *_ = load_model(model, [model], "X{{ messages[0]['content'] }}", "string")
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "Xhi"
     plain = Tokenizer.from_dir(model)
     assert plain.apply_chat_template([{"role": "user", "content": "hi"}]) != "Xhi"

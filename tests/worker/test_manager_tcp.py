@@ -78,7 +78,7 @@ async def test_a_tcp_worker_off_loopback_is_warned_about(
 ) -> None:
     # Its prompts cross the network unencrypted, and its engines are admitted by address:
     # the operator is told to keep it on a trusted network (issue 28, item 2).
-    caplog.set_level(logging.WARNING, logger="smg_trio.worker.manager")
+    caplog.set_level(logging.WARNING, logger="smg_trio.worker.spec")
     with trio.fail_after(DEADLINE_S):
         async with open_manager(tcp=TcpOptions(advertise_host="127.0.0.1")) as (manager, _):
             manager.confinement = attrs.evolve(manager.confinement, engine_hosts=("0.0.0.0",))

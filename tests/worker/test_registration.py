@@ -13,7 +13,7 @@ import trio
 
 from smg_trio.mock.engine import MockEngineConfig
 from smg_trio.protocol.handshake import encode_status
-from smg_trio.worker import manager as manager_module
+from smg_trio.worker import registration_flow
 from smg_trio.worker.jobs import RegistrationJob
 from smg_trio.worker.manager import WorkerManager, WorkerSpec
 from smg_trio.worker.registration import RegistrationTiming
@@ -127,7 +127,7 @@ async def test_validation_failure_is_not_retried(ns: IpcNamespace, tmp_path: Pat
 async def test_transient_tokenizer_error_is_retried(
     ns: IpcNamespace, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = manager_module._load_model
+    real = registration_flow.load_model
     calls = 0
 
     def flaky(*args: Any) -> Any:
@@ -137,7 +137,7 @@ async def test_transient_tokenizer_error_is_retried(
             raise OSError(5, "Input/output error")
         return real(*args)
 
-    monkeypatch.setattr(manager_module, "_load_model", flaky)
+    monkeypatch.setattr(registration_flow, "load_model", flaky)
     async with open_manager(registration_timing=timing()) as (manager, nursery):
         spec = make_spec(ns, "a", model_dir)
         await start_engine(nursery, spec)
@@ -153,7 +153,7 @@ async def test_tokenizer_load_keeps_the_event_loop_running(
     """A slow tokenizer load (``POST /workers``) runs in a worker thread: while it is in
     progress, other tasks (every running stream) keep being scheduled. Were it on the loop,
     the load would hold the loop until its own release, which then never comes."""
-    real = manager_module._load_model
+    real = registration_flow.load_model
     loading, release = threading.Event(), threading.Event()
     stalled: list[str] = []
 
@@ -164,7 +164,7 @@ async def test_tokenizer_load_keeps_the_event_loop_running(
             raise ValueError(stalled[0])
         return real(*args)
 
-    monkeypatch.setattr(manager_module, "_load_model", slow)
+    monkeypatch.setattr(registration_flow, "load_model", slow)
     async with open_manager(registration_timing=timing()) as (manager, nursery):
         spec = make_spec(ns, "a", model_dir)
         await start_engine(nursery, spec)
