@@ -199,27 +199,32 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
     return out
 
 
+def _cell(x: Any, fmt: str) -> str:
+    return "-" if not isinstance(x, int | float) else format(x, fmt)
+
+
 def table(summary: dict[str, dict[str, Any]]) -> str:
-    header = (
-        f"{'gateway':<12} {'done':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>9} "
-        f"{'TTFT p50':>8} {'TTFT p99':>8} {'TPOT p50':>8} {'ITL p99':>7} {'client':>6} "
-        f"{'gw µs/tok':>9} {'req/s /smg':>10} {'p99 /smg':>8}"
+    """The figures of :func:`summarize` as a text table."""
+    cols = (
+        ("done", "completed", ".0f", 5),
+        ("fail", "failed", "d", 4),
+        ("req/s", "request_throughput", ".1f", 7),
+        ("out tok/s", "output_throughput", ".0f", 9),
+        ("TTFT p50", "p50_ttft_ms", ".1f", 8),
+        ("TTFT p99", "p99_ttft_ms", ".1f", 8),
+        ("TPOT p50", "p50_tpot_ms", ".2f", 8),
+        ("ITL p99", "p99_itl_ms", ".2f", 7),
+        ("client", "client_cpu_cores", ".2f", 6),
+        ("gw µs/tok", "gateway_cpu_us_per_token", ".1f", 9),
     )
+    header = f"{'gateway':<12} " + " ".join(f"{c[0]:>{c[3]}}" for c in cols)
+    header += f" {'req/s /smg':>10} {'p99 /smg':>8}"
     lines = [header, "-" * len(header)]
     for name, s in summary.items():
         r = s["ratio_to_smg"]
-
-        def f(x: Any, fmt: str) -> str:
-            return "-" if x is None else format(x, fmt)
-
-        lines.append(
-            f"{name:<12} {s.get('completed', 0):>5.0f} {s['failed']:>4} "
-            f"{s['request_throughput']:>7.1f} {s['output_throughput']:>9.0f} "
-            f"{s['p50_ttft_ms']:>8.1f} {s['p99_ttft_ms']:>8.1f} {s['p50_tpot_ms']:>8.2f} "
-            f"{s['p99_itl_ms']:>7.2f} {s['client_cpu_cores']:>6.2f} "
-            f"{s['gateway_cpu_us_per_token']:>9.1f} "
-            f"{f(r['request_throughput'], '.2f'):>10} {f(r['p99_ttft_ms'], '.2f'):>8}"
-        )
+        row = f"{name:<12} " + " ".join(f"{_cell(s.get(k), fmt):>{w}}" for _, k, fmt, w in cols)
+        row += f" {_cell(r['request_throughput'], '.2f'):>10} {_cell(r['p99_ttft_ms'], '.2f'):>8}"
+        lines.append(row)
     lines.append("(TTFT/TPOT/ITL in ms; client: the bench client's CPU in cores during its run)")
     return "\n".join(lines)
 
@@ -255,15 +260,16 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             except RuntimeError as exc:
                 if name != "smg_trio_n2":
                     raise
-                skipped[name] = f"it did not start: {str(exc)[-300:]}"
+                skipped[name] = f"it did not start or its run failed: {str(exc)[-300:]}"
                 print(f"  smg_trio_n2 skipped: {skipped[name]}", flush=True)
                 continue
             runs[name].append(rec)
             print(
-                f"  rep {rep + 1} {name:<12} {rec['request_throughput']:7.1f} req/s"
-                f" {rec['output_throughput']:8.0f} tok/s TTFT p50/p99 {rec['p50_ttft_ms']:.1f}"
-                f"/{rec['p99_ttft_ms']:.1f} ms, {rec['completed']} done, {rec['failed']} failed,"
-                f" client {rec['client_cpu_cores']:.2f} cores",
+                f"  rep {rep + 1} {name:<12} {_cell(rec['request_throughput'], '7.1f')} req/s"
+                f" {_cell(rec['output_throughput'], '8.0f')} tok/s TTFT p50/p99"
+                f" {_cell(rec['p50_ttft_ms'], '.1f')}/{_cell(rec['p99_ttft_ms'], '.1f')} ms,"
+                f" {rec['completed']} done, {rec['failed']} failed,"
+                f" client {_cell(rec['client_cpu_cores'], '.2f')} cores",
                 flush=True,
             )
             if rec["failed"]:
