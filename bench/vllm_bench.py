@@ -90,6 +90,8 @@ KEEP = (
     "p99_itl_ms",
     "p50_e2el_ms",
     "p99_e2el_ms",
+    "max_ttft_ms",
+    "ttfts_over_1s",
 )
 #: The figures compared with smg (a ratio above 1 is more of it than smg).
 RATIOS = ("request_throughput", "output_throughput", "p50_ttft_ms", "p99_ttft_ms")
@@ -147,6 +149,10 @@ def _record(result: dict[str, Any], cpu: dict[str, float]) -> dict[str, Any]:
     rec["output_len_min"] = min(lens, default=None)
     rec["output_len_max"] = max(lens, default=None)
     rec["first_error"] = next((e for e in result.get("errors", []) if e), "")
+    ttfts = sorted(t for t in result.get("ttfts", []) if isinstance(t, int | float) and t > 0)
+    rec["max_ttft_ms"] = ttfts[-1] * 1e3 if ttfts else None
+    # a tail of whole seconds is a TCP connect retried (a SYN dropped), not queueing
+    rec["ttfts_over_1s"] = sum(t > 1.0 for t in ttfts)
     rec.update(cpu)
     duration = result.get("duration") or float("nan")
     tokens = max(result.get("total_output_tokens") or 0, 1)
