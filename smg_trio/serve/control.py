@@ -86,6 +86,7 @@ def _worker_entry(worker: WorkerState, slot: int) -> dict[str, Any]:
         "runtime": worker.runtime,
         "dp_size": worker.dp_size,
         "reasoning_parser": spec.reasoning_parser,
+        "tool_call_parser": spec.tool_call_parser,
         "handshake": worker.addresses.handshake,
         "status": worker.status,
         "held": worker.held,

@@ -186,6 +186,7 @@ class FrontendManager(WorkerManager):
             zmq_handshake_address=entry["handshake"],
             dp_size=entry["dp_size"],
             reasoning_parser=entry["reasoning_parser"],
+            tool_call_parser=entry["tool_call_parser"],
         )
         addrs = worker_addresses(
             spec.url,
@@ -227,6 +228,7 @@ class FrontendManager(WorkerManager):
                 eos_token_id=eos,
                 extra_eos_token_ids=list(extra),
                 reasoning_parser=worker.spec.reasoning_parser,
+                tool_call_parser=worker.spec.tool_call_parser,
                 pooling=pooling,
                 sampling_defaults=defaults,
             )
