@@ -6,6 +6,8 @@ not the gateway-wide defaults."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from tests.worker.test_manager import (
 #: supervisor and a frontend (the tokenizer and protocol objects are per process).
 _REQUEST_FIELDS = (
     "model_id",
+    "model_path",
     "max_model_len",
     "eos_token_id",
     "extra_eos_token_ids",
@@ -59,18 +62,22 @@ def _published(manager: WorkerManager) -> dict[str, Any]:
     return msgspec.json.decode(msgspec.json.encode(table))  # type: ignore[no-any-return]
 
 
-async def _frontend(nursery: trio.Nursery, table: dict[str, Any]) -> FrontendManager:
-    """Frontend client 1 of 2, attached to every ready worker of ``table``."""
-    frontend = FrontendManager(
-        nursery,
-        client_index=1,
-        client_count=2,
-        confinement=temp_confinement(),
-        ready_timeout_s=5.0,
-    )
-    frontend.apply(table)
-    await frontend.wait_attached()
-    return frontend
+@asynccontextmanager
+async def _frontend(table: dict[str, Any]) -> AsyncIterator[FrontendManager]:
+    """Frontend client 1 of 2, attached to every ready worker of ``table``; stopped (its
+    sockets closed) on exit, as a frontend process that exits."""
+    async with trio.open_nursery() as nursery:
+        frontend = FrontendManager(
+            nursery,
+            client_index=1,
+            client_count=2,
+            confinement=temp_confinement(),
+            ready_timeout_s=5.0,
+        )
+        frontend.apply(table)
+        await frontend.wait_attached()
+        yield frontend
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_frontend_serves_the_workers_own_parsers(ns: IpcNamespace, model_dir: Path) -> None:
@@ -80,12 +87,11 @@ async def test_a_frontend_serves_the_workers_own_parsers(ns: IpcNamespace, model
     with trio.fail_after(DEADLINE_S):
         async with open_manager(client_count=2) as (supervisor, nursery):
             await serve_worker(supervisor, nursery, spec)
-            frontend = await _frontend(nursery, _published(supervisor))
-            assert frontend.models["m"].tool_call_parser == "hermes"
-            assert frontend.models["m"].reasoning_parser == "qwen3"
-            assert _request_fields(frontend.models["m"]) == _request_fields(supervisor.models["m"])
-            worker = frontend.workers[0]
-            assert worker.spec == supervisor.workers[0].spec
+            async with _frontend(_published(supervisor)) as frontend:
+                served = frontend.models["m"]
+                assert (served.tool_call_parser, served.reasoning_parser) == ("hermes", "qwen3")
+                assert _request_fields(served) == _request_fields(supervisor.models["m"])
+                assert frontend.workers[0].spec == supervisor.workers[0].spec
 
 
 async def test_a_frontend_parses_tool_calls_with_the_workers_parser(
@@ -117,14 +123,40 @@ async def test_a_frontend_parses_tool_calls_with_the_workers_parser(
         async with open_manager(client_count=2) as (supervisor, nursery):
             await start_engine(nursery, spec, MockEngineConfig(step_s=0.001, script=script))
             await supervisor.register(spec)
-            frontend = await _frontend(nursery, _published(supervisor))
-            app = create_app(frontend, config)
-            binds = await nursery.start(partial(serve_http, app, "127.0.0.1", 0))
-            async with httpx.AsyncClient(base_url=binds[0], timeout=30.0) as http:
-                resp = await http.post("/v1/chat/completions", json=body)
+            async with _frontend(_published(supervisor)) as frontend:
+                app = create_app(frontend, config)
+                binds = await nursery.start(partial(serve_http, app, "127.0.0.1", 0))
+                async with httpx.AsyncClient(base_url=binds[0], timeout=30.0) as http:
+                    resp = await http.post("/v1/chat/completions", json=body)
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls", choice
     [call] = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+
+
+async def test_a_worker_that_joins_a_served_model_attaches_on_a_frontend(
+    ns: IpcNamespace, model_dir: Path
+) -> None:
+    """A worker added with ``model_id`` alone (it joins a served model, with its tokenizer)
+    has no ``model_path`` in the table: a frontend that came to it before the model was
+    loaded there (both adopted together, or the model's first worker since removed) tried
+    to load ``None`` and never attached it."""
+    first = make_spec(ns, "w0", model_dir, tool_call_parser="hermes", reasoning_parser="qwen3")
+    with trio.fail_after(DEADLINE_S):
+        async with open_manager(client_count=2) as (supervisor, nursery):
+            await serve_worker(supervisor, nursery, first)
+            joining = make_spec(ns, "w1", model_dir)
+            joining = attrs.evolve(joining, model_path=None)
+            await serve_worker(supervisor, nursery, joining)
+            async with _frontend(_published(supervisor)) as both:
+                for worker in both.workers:
+                    assert worker.engine_client is not None, worker.last_error
+                assert _request_fields(both.models["m"]) == _request_fields(supervisor.models["m"])
+            assert await supervisor.remove_worker(supervisor.workers[0].worker_id)
+            # a frontend (re)started now finds only the joining worker in the table
+            async with _frontend(_published(supervisor)) as alone:
+                [worker] = alone.workers
+                assert worker.engine_client is not None, worker.last_error
+                assert _request_fields(alone.models["m"]) == _request_fields(supervisor.models["m"])
