@@ -193,19 +193,31 @@ class CacheAwareRouter:
     ) -> Decision:
         """The engine for ``request`` among ``candidates`` (non-empty; engines not added are
         routed by load alone). When it is an engine without events, the prompt's blocks are
-        recorded there. A single candidate is returned as it is: nothing is recorded or
-        counted."""
+        recorded there. A single candidate is returned as it is, not counted; only an engine
+        without events records the prompt (what it served while it was alone is where those
+        conversations' next turns go once there is a choice)."""
         if not candidates:
             raise ValueError("no candidate engine")
-        if len(candidates) == 1:
-            # Nothing to choose: no key chain, no index work on every request of a lone
-            # engine (its approximate index learns the prompts once there is a choice).
-            return Decision(candidates[0].engine, "placement")
-        self._maybe_evict(now)
         chains: dict[int, list[int]] = {}
+        if len(candidates) == 1:
+            # Nothing to choose: no lookup. An engine indexed by its events needs nothing
+            # either; one without them must still learn the prompts it was sent.
+            engine = candidates[0].engine
+            if engine in self.approx:
+                self._maybe_evict(now)
+                self._learn(request, engine, chains, now)
+            return Decision(engine, "placement")
+        self._maybe_evict(now)
         decision = self._decide(request, candidates, chains)
         self.decisions[decision.reason] += 1
-        engine = decision.engine
+        self._learn(request, decision.engine, chains, now)
+        return decision
+
+    def _learn(
+        self, request: RouteRequest, engine: EngineKey, chains: dict[int, list[int]], now: float
+    ) -> None:
+        """Record ``request``'s prompt as routed to ``engine`` (the approximate index) and
+        note how it goes on past its full blocks (both indexes)."""
         for index in (self.events, self.approx):
             if engine not in index:
                 continue
@@ -216,7 +228,6 @@ class CacheAwareRouter:
             # how the prompt goes on past its full blocks: a second, different continuation
             # of a block marks it as shared (a fork) before the engine reports anything
             index.note_prompt(keys, tail_key(request.prompt_token_ids, bs, keys))
-        return decision
 
     def _chain(self, request: RouteRequest, bs: int, chains: dict[int, list[int]]) -> list[int]:
         keys = chains.get(bs)

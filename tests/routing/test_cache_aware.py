@@ -187,15 +187,55 @@ def test_a_shared_prefix_does_not_pull_every_new_session_to_one_engine() -> None
     assert r.approx.is_fork(block_keys(system, BS)[-1])
 
 
-def test_a_lone_engine_is_chosen_without_index_work() -> None:
-    """One candidate: it is the choice, and no prompt is keyed, recorded or counted (the
-    per-request cost of a single engine); once there are two, prompts are recorded again."""
-    r = router(A, events=False)
+def test_a_lone_engine_is_chosen_without_index_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One candidate indexed by its events: it is the choice, and no prompt is keyed,
+    recorded or counted (the per-request cost of a single engine); once there are two,
+    prompts are looked up and counted again. (A lone engine without events still records
+    what it is sent: the test below.)"""
+    from smg_trio.routing import cache_aware
+
+    r = router(A, events=True)
+    real = cache_aware.block_keys
+    keyed = []
+
+    def spy(*args: object, **kw: object) -> list[int]:
+        keyed.append(1)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cache_aware, "block_keys", spy)
     d = r.choose(RouteRequest(PROMPT), cands(a=0), now=0)
     assert (d.engine, d.reason) == (A, "placement")
-    assert r.blocks(A) == 0
+    assert not keyed
     assert sum(r.decisions.values()) == 0
-    r.add_engine(B, block_size=BS, events=False)
-    first = r.choose(RouteRequest(PROMPT), cands(a=0, b=0), now=1)
-    assert r.blocks(first.engine) == len(PROMPT) // BS
+    r.add_engine(B, block_size=BS, events=True)
+    r.choose(RouteRequest(PROMPT), cands(a=0, b=0), now=1)
+    assert keyed
     assert sum(r.decisions.values()) == 1
+    lone = router(A, events=False)
+    lone.choose(RouteRequest(PROMPT), cands(a=0), now=0)
+    assert lone.blocks(A) == len(PROMPT) // BS
+    assert sum(lone.decisions.values()) == 0
+
+
+@pytest.mark.parametrize("b_first", [True, False])
+def test_a_conversation_begun_on_a_lone_engine_follows_it_once_another_joins(
+    b_first: bool,
+) -> None:
+    """Turns routed while an engine without events was the only candidate (alone, or its
+    peer unhealthy or gone) are recorded: when a second engine joins (or comes back), the
+    next turn of those conversations goes where their prefix is cached, not by placement."""
+    r = router(A, events=False)
+    turn1 = PROMPT
+    assert r.choose(RouteRequest(turn1), cands(a=0), now=0).engine == A
+    r.add_engine(B, block_size=BS, events=False)
+    turn2 = turn1 + [900 + i for i in range(2 * BS)]
+    both = cands(b=0, a=0) if b_first else cands(a=0, b=0)
+    d = r.choose(RouteRequest(turn2), both, now=1)
+    assert (d.engine, d.reason) == (A, "cache")
+    # B leaves for a while, then returns: what A served meanwhile is still followed
+    r.drop_engine(B)
+    other = [500 + i for i in range(10 * BS)]
+    assert r.choose(RouteRequest(other), cands(a=0), now=2).engine == A
+    r.add_engine(B, block_size=BS, events=False)
+    d = r.choose(RouteRequest(other + [7] * BS), cands(b=0, a=0), now=3)
+    assert (d.engine, d.reason) == (A, "cache")
