@@ -67,3 +67,34 @@ async def test_any_origin_without_credentials_is_a_star(harness: HarnessFactory,
             assert "access-control-allow-credentials" not in res.headers
             pre = await h.http.options("/v1/chat/completions", headers=PREFLIGHT)
             assert pre.status_code == 400  # POST is not an allowed method
+
+
+async def test_a_preflight_from_an_origin_not_allowed_is_refused_as_vllm_does(
+    harness_both: HarnessFactory, tok: Any
+) -> None:
+    """vLLM 0.32 always installs Starlette's ``CORSMiddleware`` (with no origin allowed by
+    default): a preflight from an origin it does not allow is a 400 ``Disallowed CORS
+    origin`` in plain text, without ``Access-Control-Allow-Origin``, whether no origin is
+    allowed (the default, where the gateway has no CORS layer on its request path) or
+    others are. A method not allowed is named too. Requests that are not preflights are
+    answered as before."""
+    for origins in ((), ("https://other.example",)):
+        config = GatewayHttpConfig(allowed_origins=origins, allowed_methods=("GET", "POST"))
+        with trio.fail_after(DEADLINE_S):
+            async with harness_both(plan=lambda r: steps_of(tok, "x"), config=config) as h:
+                for path in ("/v1/chat/completions", "/health", "/v1/models"):
+                    pre = await h.http.options(path, headers=PREFLIGHT)
+                    assert pre.status_code == 400, (origins, path)
+                    assert pre.text == "Disallowed CORS origin"
+                    assert pre.headers["content-type"] == "text/plain; charset=utf-8"
+                    assert "access-control-allow-origin" not in pre.headers
+                    assert pre.headers["access-control-allow-methods"] == "GET, POST"
+                put = await h.http.options(
+                    "/v1/models", headers={**PREFLIGHT, "access-control-request-method": "PUT"}
+                )
+                assert put.text == "Disallowed CORS origin, method"
+                res = await h.post("/v1/chat/completions", BODY, headers={"origin": SITE})
+                assert res.status_code == 200
+                assert "access-control-allow-origin" not in res.headers
+                plain = await h.http.options("/v1/models", headers={"origin": SITE})
+                assert plain.status_code != 400  # not a preflight: the app's own answer

@@ -149,23 +149,27 @@ def create_app(
 
     # The hot routes skip Quart's per-request machinery; Quart views of the same routes serve
     # what the middleware does not take (e.g. the app mounted under a root path).
+    # With no origin allowed (the default) the hot routes have no CORS layer on their path:
+    # only what reaches Quart (a preflight is an OPTIONS) passes one, which refuses
+    # preflights as vLLM's does.
+    cors = (
+        config.allowed_origins,
+        config.allowed_methods,
+        config.allowed_headers,
+        config.allow_credentials,
+    )
+    fallback: Any = app.asgi_app if config.allowed_origins else Cors(app.asgi_app, *cors)
     guarded: Any = RequestGuard(
         InferenceRoutes(
-            app.asgi_app,
+            fallback,
             routes,
             send_response,
             max_body=config.max_body_bytes,
             body_timeout_s=config.body_timeout_s,
         )
     )
-    if config.allowed_origins:  # no origin allowed: no CORS layer on every request's path
-        guarded = Cors(
-            guarded,
-            config.allowed_origins,
-            config.allowed_methods,
-            config.allowed_headers,
-            config.allow_credentials,
-        )
+    if config.allowed_origins:
+        guarded = Cors(guarded, *cors)
     app.asgi_app = guarded  # type: ignore[method-assign]
 
     for path, route in routes.items():

@@ -23,9 +23,10 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 
 
 class Cors:
-    """Wrap an ASGI ``app``. With no allowed origin (vLLM's default) it only passes
-    requests through. A preflight (``OPTIONS`` with ``Access-Control-Request-Method``) from
-    an allowed origin is answered here (200, or 400 for a method or header not allowed); any
+    """Wrap an ASGI ``app``. A preflight (``OPTIONS`` with ``Origin`` and
+    ``Access-Control-Request-Method``) is answered here: 200 for an allowed origin, else 400
+    naming what is not allowed (the origin, the method, a header), as Starlette's
+    ``CORSMiddleware`` that vLLM always installs (with no origin allowed by default). Any
     other request from an allowed origin gets ``Access-Control-Allow-Origin`` (``*``, or the
     origin itself with credentials or a list), ``Vary: Origin`` and, with credentials,
     ``Access-Control-Allow-Credentials`` (such a response is written through ASGI ``send``,
@@ -55,13 +56,18 @@ class Cors:
         return b"*" if self.any_origin and not self.credentials else origin
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        raw = _header(scope, b"origin") if scope.get("type") == "http" and self.origins else None
-        if raw is None or not self._allowed(raw.decode("latin-1")):
+        raw = _header(scope, b"origin") if scope.get("type") == "http" else None
+        if raw is None:
             await self.app(scope, receive, send)
             return
-        asked = _header(scope, b"access-control-request-method")
-        if scope.get("method") == "OPTIONS" and asked is not None:
-            await self._preflight(raw, asked, scope, send)
+        allowed = self._allowed(raw.decode("latin-1"))
+        if scope.get("method") == "OPTIONS":
+            asked = _header(scope, b"access-control-request-method")
+            if asked is not None:  # a preflight, allowed or not (Starlette's order)
+                await self._preflight(raw, allowed, asked, scope, send)
+                return
+        if not allowed:
+            await self.app(scope, receive, send)
             return
         extra = [(b"access-control-allow-origin", self._origin_value(raw))]
         if not (self.any_origin and not self.credentials):
@@ -78,25 +84,26 @@ class Cors:
         ext = {k: v for k, v in (scope.get("extensions") or {}).items() if k != SERVER_SEND_KEY}
         await self.app({**scope, "extensions": ext}, receive, cors_send)
 
-    async def _preflight(self, origin: bytes, asked: bytes, scope: Scope, send: Any) -> None:
+    async def _preflight(
+        self, origin: bytes, allowed: bool, asked: bytes, scope: Scope, send: Any
+    ) -> None:
         wanted = _header(scope, b"access-control-request-headers") or b""
         names = [h.strip().lower() for h in wanted.decode("latin-1").split(",") if h.strip()]
-        failures = []
+        failures = [] if allowed else ["origin"]
         if asked.decode("latin-1").upper() not in self.methods:
             failures.append("method")
         if not self.any_header and any(h not in self.headers for h in names):
             failures.append("headers")
         allow_headers = wanted if self.any_header else ", ".join(sorted(self.headers)).encode()
         headers = [
-            (
-                b"access-control-allow-origin",
-                origin if self.credentials or not self.any_origin else b"*",
-            ),
             (b"access-control-allow-methods", ", ".join(self.methods).encode()),
             (b"access-control-max-age", _MAX_AGE),
             (b"vary", b"Origin"),
             (b"content-type", b"text/plain; charset=utf-8"),
         ]
+        if allowed:
+            value = origin if self.credentials or not self.any_origin else b"*"
+            headers.insert(0, (b"access-control-allow-origin", value))
         if allow_headers:
             headers.append((b"access-control-allow-headers", allow_headers))
         if self.credentials:
