@@ -188,8 +188,13 @@ def fn(name: str) -> dict[str, Any]:
         {"tool_choice": "required"},
     ],
 )
+@pytest.mark.parametrize("fast", [True, False])
 async def test_chat_tool_calls_and_reasoning_merged(
-    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any]
+    harness: HarnessFactory,
+    tok: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    extra: dict[str, Any],
+    fast: bool,
 ) -> None:
     """Two calls, reasoning before them, content between: their deltas in one event (the
     two calls in one ``tool_calls`` list) add up to the deltas of the steps one by one."""
@@ -206,7 +211,14 @@ async def test_chat_tool_calls_and_reasoning_merged(
         return chat_summary(await _chat_raw(h, body))
 
     answers = await both(
-        harness, monkeypatch, TOOL_STEPS, tok, call, config=HERMES, reasoning_parser="qwen3"
+        harness,
+        monkeypatch,
+        TOOL_STEPS,
+        tok,
+        call,
+        config=HERMES,
+        reasoning_parser="qwen3",
+        fast_http1=fast,
     )
     first = answers[0]["choices"][0]
     if not extra:
@@ -491,3 +503,37 @@ async def test_disconnect_while_steps_come_together_aborts(
                 await h.engine.abort_event.wait()
             assert h.client.inflight_count == 0
             assert (await h.chat(max_tokens=2)).status_code == 200
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_text_then_the_engine_dead_sentinel_right_behind_it(
+    harness: HarnessFactory, tok: Any, path: str
+) -> None:
+    """Two steps of text and, right behind them on the socket, ``ENGINE_CORE_DEAD``: the
+    text goes out, then the error event; nothing leaks."""
+    body = _body(path)
+    one, two = tok.encode("one "), tok.encode("two ")
+    with trio.fail_after(DEADLINE_S):
+        async with harness() as h:
+            h.engine.stall()
+            arrived = h.engine.request_event
+            got: list[bytes] = []
+            async with trio.open_nursery() as nursery:
+
+                async def post() -> None:
+                    got.append((await h.post(path, body)).content)
+
+                nursery.start_soon(post)
+                await arrived.wait()
+                rid = h.engine.requests[-1].request_id
+                outs = [
+                    vllm.EngineCoreOutput(request_id=rid, new_token_ids=one),
+                    vllm.EngineCoreOutput(request_id=rid, new_token_ids=two),
+                ]
+                env = vllm.EngineCoreOutputs(engine_index=0, outputs=outs)
+                await h.engine._push([encoder.encode(env)])
+                await h.engine.die_with_sentinel()
+            assert h.client.inflight_count == 0
+    text = got[0].decode()
+    assert "one two " in text, text
+    assert text.index("one two ") < text.rindex("error")
