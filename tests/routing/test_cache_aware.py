@@ -239,3 +239,14 @@ def test_a_conversation_begun_on_a_lone_engine_follows_it_once_another_joins(
     r.add_engine(B, block_size=BS, events=False)
     d = r.choose(RouteRequest(other + [7] * BS), cands(b=0, a=0), now=3)
     assert (d.engine, d.reason) == (A, "cache")
+
+
+def test_a_lone_engine_with_events_is_followed_once_another_joins() -> None:
+    """A lone engine indexed by its events skips the index when it is alone, but its events
+    still fill it: once a second engine joins, the next turn goes where the prefix is."""
+    r = router(A, events=True)
+    assert r.choose(RouteRequest(PROMPT), cands(a=0), now=0).engine == A
+    store(r, A, PROMPT)
+    r.add_engine(B, block_size=BS, events=True)
+    d = r.choose(RouteRequest([*PROMPT, *range(900, 908)]), cands(b=0, a=0), now=1)
+    assert (d.engine, d.reason) == (A, "cache")
