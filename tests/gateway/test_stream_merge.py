@@ -537,3 +537,28 @@ async def test_text_then_the_engine_dead_sentinel_right_behind_it(
     text = got[0].decode()
     assert "one two " in text, text
     assert text.index("one two ") < text.rindex("error")
+
+
+@pytest.mark.parametrize("include", [False, True])
+async def test_chat_stop_token_id_and_eos_merged(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch, include: bool
+) -> None:
+    """The engine stops on a stop token id (its text hidden unless
+    ``include_stop_str_in_output``) in a message with the steps before it."""
+    stop_id = tok.encode("four ")[0]
+    body: dict[str, Any] = {
+        "max_tokens": 40,
+        "logprobs": True,
+        "return_token_ids": True,
+        "stop_token_ids": [stop_id],
+        "include_stop_str_in_output": include,
+        "stream_options": {"include_usage": True},
+    }
+
+    async def call(h: Harness) -> Any:
+        return chat_summary(await _chat_raw(h, body))
+
+    answers = await both(harness, monkeypatch, STEPS, tok, call)
+    assert answers[0]["choices"][0]["finish"] == ("stop", stop_id)
+    for a in answers[1:]:
+        assert a == answers[0]
