@@ -562,3 +562,58 @@ async def test_chat_stop_token_id_and_eos_merged(
     assert answers[0]["choices"][0]["finish"] == ("stop", stop_id)
     for a in answers[1:]:
         assert a == answers[0]
+
+
+def ts_steps_per_message(engine: Any, monkeypatch: pytest.MonkeyPatch, k: int | None) -> None:
+    """:func:`steps_per_message` for the TokenSpeed protocol: ``k`` steps' rows in one
+    batch (a request's rows repeated, as a gateway that drained several batches sees them)."""
+    if k == 1:
+        return
+    send = engine._send_ts
+    held: list[Any] = []
+
+    async def send_ts(results: Any) -> None:
+        if not results:
+            await send(results)
+            return
+        held.append(results)
+        if len(held) == k or any(reason for _, _, reason in results):
+            rows = [row for step in held for row in step]
+            held.clear()
+            await send(rows)
+
+    monkeypatch.setattr(engine, "_send_ts", send_ts)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"logprobs": True, "top_logprobs": 0},
+        {"stop": ["two three"]},
+        {"n": 2, "logprobs": True},
+        {"tools": [fn("f"), fn("g")]},
+    ],
+)
+async def test_tokenspeed_merged_adds_up_to_kept_up(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any]
+) -> None:
+    body: dict[str, Any] = {"max_tokens": 40, "stream_options": {"include_usage": True}, **extra}
+    steps = TOOL_STEPS if "tools" in extra else STEPS
+    answers = []
+    events = []
+    for k in (1, 3, None):
+        with trio.fail_after(DEADLINE_S):
+            async with harness(
+                plan=lambda r: steps_of(tok, *steps),
+                protocol="tokenspeed",
+                config=HERMES,
+                reasoning_parser="qwen3",
+            ) as h:
+                ts_steps_per_message(h.engine, monkeypatch, k)
+                raw = await _chat_raw(h, body)
+                assert h.client.inflight_count == 0
+        answers.append(chat_summary(raw))
+        events.append(raw.count(b"data: "))
+    assert events[2] < events[0]  # the steps were taken together
+    for a in answers[1:]:
+        assert a == answers[0]
