@@ -98,3 +98,32 @@ async def test_a_preflight_from_an_origin_not_allowed_is_refused_as_vllm_does(
                 assert "access-control-allow-origin" not in res.headers
                 plain = await h.http.options("/v1/models", headers={"origin": SITE})
                 assert plain.status_code != 400  # not a preflight: the app's own answer
+
+
+async def test_a_private_network_preflight_is_refused_as_vllm_does(
+    harness: HarnessFactory, tok: Any
+) -> None:
+    """Chrome's Private Network Access: a public site's preflight to a gateway on a private
+    address asks ``Access-Control-Request-Private-Network``. vLLM's Starlette
+    ``CORSMiddleware`` (``allow_private_network`` off, vLLM sets no flag for it) refuses it
+    even from an allowed origin: 400 ``Disallowed CORS private-network``. Its preflights vary
+    on every request header they read, and ``'*'`` methods include ``QUERY``."""
+    config = GatewayHttpConfig(allowed_origins=(SITE,))
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, "x"), config=config) as h:
+            ok = await h.http.options("/v1/chat/completions", headers=PREFLIGHT)
+            assert ok.status_code == 200
+            assert ok.headers["vary"] == (
+                "Origin, Access-Control-Request-Method, Access-Control-Request-Headers, "
+                "Access-Control-Request-Private-Network"
+            )
+            assert ok.headers["access-control-allow-methods"] == (
+                "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT, QUERY"
+            )
+            pna = await h.http.options(
+                "/v1/chat/completions",
+                headers={**PREFLIGHT, "access-control-request-private-network": "true"},
+            )
+            assert pna.status_code == 400
+            assert pna.text == "Disallowed CORS private-network"
+            assert "access-control-allow-private-network" not in pna.headers

@@ -10,8 +10,13 @@ from smg_trio.gateway.server.direct import SERVER_SEND_KEY
 __all__ = ["ALL_METHODS", "Cors"]
 
 Scope = dict[str, Any]
-#: What ``--allowed-methods '*'`` stands for (Starlette's expansion).
-ALL_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+#: What ``--allowed-methods '*'`` stands for (Starlette's expansion, 1.x's with ``QUERY``).
+ALL_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "QUERY")
+#: A preflight's ``Vary``: every request header it reads (Starlette 1.x).
+_PREFLIGHT_VARY = (
+    b"Origin, Access-Control-Request-Method, Access-Control-Request-Headers, "
+    b"Access-Control-Request-Private-Network"
+)
 _MAX_AGE = b"600"
 
 
@@ -25,8 +30,9 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 class Cors:
     """Wrap an ASGI ``app``. A preflight (``OPTIONS`` with ``Origin`` and
     ``Access-Control-Request-Method``) is answered here: 200 for an allowed origin, else 400
-    naming what is not allowed (the origin, the method, a header), as Starlette's
-    ``CORSMiddleware`` that vLLM always installs (with no origin allowed by default). Any
+    naming what is not allowed (the origin, the method, a header, private network access),
+    as Starlette's ``CORSMiddleware`` that vLLM always installs (no origin allowed by
+    default). Any
     other request from an allowed origin gets ``Access-Control-Allow-Origin`` (``*``, or the
     origin itself with credentials or a list), ``Vary: Origin`` and, with credentials,
     ``Access-Control-Allow-Credentials`` (such a response is written through ASGI ``send``,
@@ -94,11 +100,14 @@ class Cors:
             failures.append("method")
         if not self.any_header and any(h not in self.headers for h in names):
             failures.append("headers")
+        if _header(scope, b"access-control-request-private-network") is not None:
+            # Private Network Access: vLLM leaves Starlette's allow_private_network off
+            failures.append("private-network")
         allow_headers = wanted if self.any_header else ", ".join(sorted(self.headers)).encode()
         headers = [
             (b"access-control-allow-methods", ", ".join(self.methods).encode()),
             (b"access-control-max-age", _MAX_AGE),
-            (b"vary", b"Origin"),
+            (b"vary", _PREFLIGHT_VARY),
             (b"content-type", b"text/plain; charset=utf-8"),
         ]
         if allowed:
