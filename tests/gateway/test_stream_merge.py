@@ -617,3 +617,27 @@ async def test_tokenspeed_merged_adds_up_to_kept_up(
     assert events[2] < events[0]  # the steps were taken together
     for a in answers[1:]:
         assert a == answers[0]
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if p != "/v1/responses"])  # (no stop)
+async def test_a_stop_string_inside_steps_taken_together_aborts_the_engine(
+    harness: HarnessFactory, tok: Any, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """A stop string matched inside a message of several steps (more follow) ends the
+    answer there and ABORTs the engine request."""
+    words = [f"w{i} " for i in range(200)]
+    stop = {"stop_sequences": ["w4 w5"]} if path == "/v1/messages" else {"stop": ["w4 w5"]}
+    body = _body(path, max_tokens=400, **stop)
+    with trio.fail_after(DEADLINE_S):
+        async with harness(plan=lambda r: steps_of(tok, *words)) as h:
+            steps_per_message(h.engine, monkeypatch, 3)
+            resp = await h.post(path, body)
+            assert resp.status_code == 200
+            rid = h.engine.requests[-1].request_id
+            await h.wait_aborted([rid])
+            assert h.client.inflight_count == 0
+    text = resp.text.replace('"w4 w5"', "")  # the stop named as stop_reason/stop_sequence
+    assert "w3 " in text
+    assert "w4" not in text  # held back, then dropped with the stop
+    assert "w5" not in text
+    assert "w6" not in text
