@@ -29,6 +29,7 @@ The rule (in order):
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -44,6 +45,10 @@ __all__ = [
     "EngineCandidate",
     "RouteRequest",
 ]
+
+#: Most prompt tokens kept, unindexed, of what lone engines without events were sent: they
+#: are indexed once there is a choice (a bounded one-off: about 60-100 ns a token, ~10 ms).
+LONE_PENDING_TOKENS: Final = 1 << 17
 
 #: Blocks of the approximate index not routed to for this many eviction intervals are
 #: forgotten (the engine has most likely evicted them too).
@@ -136,6 +141,9 @@ class CacheAwareRouter:
             max_blocks_per_engine=min(max_blocks_per_engine, self.config.max_tree_size)
         )
         self._placements: dict[EngineKey, int] = {}
+        #: What lone engines without events were sent, indexed when there is a choice.
+        self._lone: deque[tuple[EngineKey, RouteRequest, float]] = deque()
+        self._lone_tokens = 0
         self._next_eviction: float | None = None
         #: Decisions by reason (Prometheus).
         self.decisions: dict[Reason, int] = {
@@ -170,6 +178,9 @@ class CacheAwareRouter:
 
     def drop_engine(self, engine: EngineKey) -> None:
         """Forget ``engine`` (its worker was removed)."""
+        if self._lone:
+            self._lone = deque(item for item in self._lone if item[0] != engine)
+            self._lone_tokens = sum(len(r.prompt_token_ids) for _, r, _ in self._lone)
         self.events.drop(engine)
         self.approx.drop(engine)
         self._placements.pop(engine, None)
@@ -193,25 +204,39 @@ class CacheAwareRouter:
     ) -> Decision:
         """The engine for ``request`` among ``candidates`` (non-empty; engines not added are
         routed by load alone). When it is an engine without events, the prompt's blocks are
-        recorded there. A single candidate is returned as it is, not counted; only an engine
-        without events records the prompt (what it served while it was alone is where those
-        conversations' next turns go once there is a choice)."""
+        recorded there. A single candidate is returned as it is: nothing is looked up,
+        counted or keyed now; an engine without events keeps the prompt aside (bounded,
+        :data:`LONE_PENDING_TOKENS`), recorded once there is a choice, so the next turns of
+        what it served alone follow it when a second engine joins or comes back."""
         if not candidates:
             raise ValueError("no candidate engine")
-        chains: dict[int, list[int]] = {}
         if len(candidates) == 1:
-            # Nothing to choose: no lookup. An engine indexed by its events needs nothing
-            # either; one without them must still learn the prompts it was sent.
             engine = candidates[0].engine
             if engine in self.approx:
-                self._maybe_evict(now)
-                self._learn(request, engine, chains, now)
+                self._keep_lone(engine, request, now)
             return Decision(engine, "placement")
+        if self._lone:
+            self._index_lone()
         self._maybe_evict(now)
+        chains: dict[int, list[int]] = {}
         decision = self._decide(request, candidates, chains)
         self.decisions[decision.reason] += 1
         self._learn(request, decision.engine, chains, now)
         return decision
+
+    def _keep_lone(self, engine: EngineKey, request: RouteRequest, now: float) -> None:
+        lone = self._lone
+        lone.append((engine, request, now))
+        self._lone_tokens += len(request.prompt_token_ids)
+        while self._lone_tokens > LONE_PENDING_TOKENS and len(lone) > 1:
+            self._lone_tokens -= len(lone.popleft()[1].prompt_token_ids)
+
+    def _index_lone(self) -> None:
+        """Record what lone engines were sent, oldest first, as if routed then."""
+        lone, self._lone, self._lone_tokens = self._lone, deque(), 0
+        for engine, request, then in lone:
+            if engine in self.approx:
+                self._learn(request, engine, {}, then)
 
     def _learn(
         self, request: RouteRequest, engine: EngineKey, chains: dict[int, list[int]], now: float

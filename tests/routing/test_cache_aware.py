@@ -187,14 +187,16 @@ def test_a_shared_prefix_does_not_pull_every_new_session_to_one_engine() -> None
     assert r.approx.is_fork(block_keys(system, BS)[-1])
 
 
-def test_a_lone_engine_is_chosen_without_index_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One candidate indexed by its events: it is the choice, and no prompt is keyed,
-    recorded or counted (the per-request cost of a single engine); once there are two,
-    prompts are looked up and counted again. (A lone engine without events still records
-    what it is sent: the test below.)"""
+@pytest.mark.parametrize("events", [True, False])
+def test_a_lone_engine_is_chosen_without_index_work(
+    monkeypatch: pytest.MonkeyPatch, events: bool
+) -> None:
+    """One candidate: it is the choice, and no prompt is keyed, recorded or counted (the
+    per-request cost of a single engine); once there are two, prompts are looked up and
+    counted again (and what a lone engine without events was sent is recorded then)."""
     from smg_trio.routing import cache_aware
 
-    r = router(A, events=True)
+    r = router(A, events=events)
     real = cache_aware.block_keys
     keyed = []
 
@@ -206,15 +208,36 @@ def test_a_lone_engine_is_chosen_without_index_work(monkeypatch: pytest.MonkeyPa
     d = r.choose(RouteRequest(PROMPT), cands(a=0), now=0)
     assert (d.engine, d.reason) == (A, "placement")
     assert not keyed
+    assert r.blocks(A) == 0
     assert sum(r.decisions.values()) == 0
-    r.add_engine(B, block_size=BS, events=True)
-    r.choose(RouteRequest(PROMPT), cands(a=0, b=0), now=1)
+    r.add_engine(B, block_size=BS, events=events)
+    r.choose(RouteRequest(list(range(100, 140))), cands(a=0, b=0), now=1)
     assert keyed
     assert sum(r.decisions.values()) == 1
-    lone = router(A, events=False)
-    lone.choose(RouteRequest(PROMPT), cands(a=0), now=0)
-    assert lone.blocks(A) == len(PROMPT) // BS
-    assert sum(lone.decisions.values()) == 0
+    assert r.approx.blocks(A) == (0 if events else len(PROMPT) // BS)
+
+
+def test_what_a_lone_engine_keeps_aside_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompts a lone engine without events keeps for later are bounded in tokens (the
+    oldest go), and forgotten with the engine."""
+    from smg_trio.routing import cache_aware
+
+    monkeypatch.setattr(cache_aware, "LONE_PENDING_TOKENS", 3 * len(PROMPT))
+    r = router(A, events=False)
+    prompts = [[1000 * (i + 1) + t for t in range(len(PROMPT))] for i in range(5)]
+    for p in prompts:
+        r.choose(RouteRequest(p), cands(a=0), now=0)
+    r.add_engine(B, block_size=BS, events=False)
+    r.choose(RouteRequest(PROMPT), cands(a=0, b=0), now=1)
+    assert r.approx.match(block_keys(prompts[1], BS), [A]).get(A, 0) == 0
+    assert r.approx.match(block_keys(prompts[4], BS), [A])[A] == len(PROMPT) // BS
+    r.drop_engine(B)
+    r.choose(RouteRequest(prompts[0]), cands(a=0), now=2)
+    r.drop_engine(A)
+    r.add_engine(A, block_size=BS, events=False)
+    r.add_engine(B, block_size=BS, events=False)
+    r.choose(RouteRequest(PROMPT), cands(a=0, b=0), now=3)
+    assert r.approx.match(block_keys(prompts[0], BS), [A]).get(A, 0) == 0
 
 
 @pytest.mark.parametrize("b_first", [True, False])
