@@ -298,9 +298,14 @@ def gateway_launch(name: str, worker_url: str, model_dir: Path, port: int) -> La
 
 
 async def start_gateway(
-    name: str, model_dir: Path, step_ms: float, stack: contextlib.ExitStack
+    name: str,
+    model_dir: Path,
+    step_ms: float,
+    stack: contextlib.ExitStack,
+    engine_args: Sequence[str] = (),
 ) -> Gateway:
-    """Start gateway ``name`` and a mock dialing it; return once a 1-token chat answers 200."""
+    """Start gateway ``name`` and a mock dialing it (``engine_args`` added to its command
+    line); return once a 1-token chat answers 200."""
     directory = Path(tempfile.mkdtemp(prefix="smg-"))  # short: ipc paths are length-limited
     stack.callback(_remove_tree, directory)
     url = f"ipc://{directory}/engine-1"
@@ -310,7 +315,7 @@ async def start_gateway(
     proc = start_process_group(launch.cmd, env=launch.env, log_path=log)
     stack.callback(stop_process_group, proc)
     mock = start_process_group(
-        mock_command(launch.handshake, step_ms, *launch.mock_args),
+        mock_command(launch.handshake, step_ms, *launch.mock_args, *engine_args),
         log_path=directory / "mock.log",
     )
     stack.callback(stop_process_group, mock)

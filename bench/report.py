@@ -160,7 +160,7 @@ def round3_targets(
     if n2:
         worst = None
         cells = []
-        for wl in ("stream_c32", "stream64_c32", "stream_c256"):
+        for wl in N2_TARGET_WORKLOADS[:3]:
             r = _ratio(
                 n2.get(wl, {}).get("cpu_us_per_token"), trio.get(wl, {}).get("cpu_us_per_token")
             )
@@ -234,6 +234,150 @@ def long_prompt_lines(lp: dict[str, Any]) -> list[str]:
             f"| {tokens} | {s['body_bytes']} | {where} | {s['prompt_ms']:.1f} | {s['p50_ms']:.2f} "
             f"| {s['p99_ms']:.2f} | {s['max_ms']:.2f} | {s['added_p99_ms']:+.2f} |"
         )
+    return lines
+
+
+#: Row labels of issue 31's tables.
+ROUND3_LABELS = {"smg_trio": "smg_trio N=1", "smg_trio_n2": "smg_trio N=2", "smg": "smg 1.13.0"}
+NOT_RUN = "not run in this run."
+#: The workloads issue 31's N=2 / N=1 cost targets name (:func:`round3_targets`).
+N2_TARGET_WORKLOADS = ("stream_c32", "stream64_c32", "stream_c256", "chat_c32")
+
+
+def ttft_c256_lines(data: dict[str, Any]) -> list[str]:
+    """Issue 31 (a): the client-measured TTFT of ``stream_c256``, N=1, N=2 and smg."""
+    s = data.get("summary", {})
+    rows = {g: s.get(g, {}).get("stream_c256", {}) for g in ROUND3_LABELS}
+    lines = ["", "**c=256 streaming TTFT p99 (client)** (streaming, 64 tokens, c=256: request "]
+    lines[-1] += "written -> first content event, as the load clients see it; no engine offset):"
+    if not any("ttft_p99_ms" in r for r in rows.values()):
+        return [*lines, "", NOT_RUN]
+    smg_p99 = rows["smg"].get("ttft_p99_ms")
+    lines += [
+        "",
+        "| gateway | TTFT p50 (ms) | TTFT p99 (ms) | p99 ratio to smg (target at most 2x) |",
+        "|---|--:|--:|--:|",
+    ]
+    for g, label in ROUND3_LABELS.items():
+        r = rows[g]
+        if "ttft_p99_ms" not in r:
+            lines.append(f"| {label} | not run | not run | - |")
+            continue
+        ratio = _ratio(r["ttft_p99_ms"], smg_p99)
+        lines.append(
+            f"| {label} | {_num(r.get('ttft_p50_ms'))} | {_num(r['ttft_p99_ms'])} "
+            f"| {_num(ratio, '.2f')}x |"
+        )
+    return lines
+
+
+def n2_cost_lines(data: dict[str, Any]) -> list[str]:
+    """Issue 31 (b): CPU per token (streamed) or per request (non-streamed), N=2 / N=1."""
+    s = data.get("summary", {})
+    trio, n2 = s.get("smg_trio", {}), s.get("smg_trio_n2", {})
+    lines = ["", "**CPU cost, N=2 / N=1** (`--api-server-count 2` against one frontend, same run):"]
+    if not trio or not n2:
+        return [*lines, "", NOT_RUN]
+    lines += [
+        "",
+        "| workload | unit | N=1 | N=2 | N=2 / N=1 | target |",
+        "|---|---|--:|--:|--:|---|",
+    ]
+    for w in data.get("workloads", []):
+        a, b = trio.get(w["name"]), n2.get(w["name"])
+        if a is None or b is None:
+            continue
+        key, unit, target = (
+            ("cpu_us_per_token", "µs / token", "at most 1.05x")
+            if w["stream"]
+            else ("cpu_us_per_request", "µs / request", "at most 1.1x")
+        )
+        if w["name"] not in N2_TARGET_WORKLOADS:
+            target = "-"
+        ratio = _ratio(b.get(key), a.get(key))
+        lines.append(
+            f"| {w.get('title') or w['name']} | {unit} | {_num(a.get(key))} | {_num(b.get(key))} "
+            f"| {_num(ratio, '.2f')}x | {target} |"
+        )
+    return lines
+
+
+def soak_lines(data: dict[str, Any]) -> list[str]:
+    """Issue 31 (c): the F5 disconnect soak (``bench/abort_storm.py``), smg_trio and smg."""
+    soak = data.get("abort_soak") or {}
+    lines = ["", "**F5 disconnect soak** (`bench/abort_storm.py`: the clients vanish mid-stream "]
+    lines[-1] += "at once, every round; ABORT delay = engine receipt - first socket closed):"
+    if not soak:
+        return [*lines, "", NOT_RUN]
+    lines += [
+        "",
+        "| gateway | clients x rounds | ABORTs (lost) | ABORT p50 / p99 / max (ms) "
+        "| RSS round 5 -> last (MB) | RSS growth (MB) |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for g in ("smg_trio", "smg"):
+        r = soak.get(g)
+        if r is None:
+            lines.append(f"| {ROUND3_LABELS[g]} | not run | | | | |")
+            continue
+        rss = r.get("rss_mb") or []
+        r5 = rss[min(4, len(rss) - 1)] if rss else None
+        last = rss[-1] if rss else None
+        lines.append(
+            f"| {ROUND3_LABELS[g]} | {r.get('clients')} x {r.get('rounds')} "
+            f"| {r.get('aborts')} ({r.get('lost')}) "
+            f"| {_num(r.get('p50_ms'))} / {_num(r.get('p99_ms'))} / {_num(r.get('max_ms'))} "
+            f"| {_num(r5)} -> {_num(last)} | {_num(r.get('rss_growth_after_round5_mb'), '+.1f')} |"
+        )
+    return lines
+
+
+def vllm_bench_lines(data: dict[str, Any]) -> list[str]:
+    """Issue 31 (d): ``vllm bench serve`` (``bench/vllm_bench.py``) on the lean engine."""
+    vb = data.get("vllm_bench") or {}
+    lines = ["", "**vllm bench serve** (vLLM's own benchmark client, `bench/vllm_bench.py`):"]
+    summary = vb.get("summary") or {}
+    if not summary:
+        return [*lines, "", NOT_RUN]
+    c = vb.get("config", {})
+    load = vb.get("load_avg_start") or [float("nan")]
+    lines[-1] = (
+        f"**vllm bench serve** (`bench/vllm_bench.py`: vLLM's own benchmark client, "
+        f"{c.get('client')}; {c.get('dataset')} dataset {c.get('input_len')} -> "
+        f"{c.get('output_len')} tokens, max concurrency {c.get('max_concurrency')}, "
+        f"{c.get('num_prompts')} prompts, streamed `{c.get('endpoint')}`, each gateway alone in "
+        f"front of {c.get('engine')}; median of {c.get('reps')} run(s), the gateways "
+        f"alternating; load average {_num(load[0], '.2f')} at start). Command: "
+        f"`{c.get('command')}`."
+    )
+    lines += [
+        "",
+        "| gateway | completed (failed) | req/s | output tokens/s | TTFT p50 / p99 (ms) "
+        "| TPOT p50 (ms) | ITL p99 (ms) | req/s ratio to smg | TTFT p99 ratio to smg "
+        "| client CPU (cores) | gateway CPU µs / token |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for g, label in ROUND3_LABELS.items():
+        r = summary.get(g)
+        if r is None:
+            why = (vb.get("skipped") or {}).get(g, "not run")
+            lines.append(f"| {label} | {why} | | | | | | | | | |")
+            continue
+        ratio = r.get("ratio_to_smg") or {}
+        lines.append(
+            f"| {label} | {_num(r.get('completed'), '.0f')} ({r.get('failed')}) "
+            f"| {_num(r.get('request_throughput'))} | {_num(r.get('output_throughput'), '.0f')} "
+            f"| {_num(r.get('p50_ttft_ms'))} / {_num(r.get('p99_ttft_ms'))} "
+            f"| {_num(r.get('p50_tpot_ms'), '.2f')} | {_num(r.get('p99_itl_ms'), '.2f')} "
+            f"| {_num(ratio.get('request_throughput'), '.2f')}x "
+            f"| {_num(ratio.get('p99_ttft_ms'), '.2f')}x "
+            f"| {_num(r.get('client_cpu_cores'), '.2f')} "
+            f"| {_num(r.get('gateway_cpu_us_per_token'))} |"
+        )
+    lines += [
+        "",
+        "The client is one Python process: near 1.0 core it, not the gateway, sets the pace.",
+    ]
     return lines
 
 
@@ -334,6 +478,10 @@ def markdown(data: dict[str, Any], png_rel: str) -> str:
         ]
     if data.get("long_prompt"):
         lines += long_prompt_lines(data["long_prompt"])
+    lines += ttft_c256_lines(data)
+    lines += n2_cost_lines(data)
+    lines += soak_lines(data)
+    lines += vllm_bench_lines(data)
     lines += ["", "Targets:", ""]
     for text, met, evidence in targets(data):
         verdict = "not measured" if met is None else ("**met**" if met else "**not met**")

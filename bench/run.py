@@ -5,13 +5,17 @@ against the same mock engine; req/s, CPU µs per streamed token and per request,
 p50/p99 at concurrency 1, 32 and 256, RSS with 1000 concurrent streams; then
 ``bench/long_prompt.py`` (the inter-token gaps of 32 streams while 1k-, 8k- and 32k-token
 prompts arrive); then the F5 disconnect soak (``bench/abort_storm.py``, smg_trio and smg: ABORT
-delays and RSS over 50 rounds) and the engine check (``bench/engine_check.py``: does doubling
-the engine side raise smg's c=256 throughput?). Writes ``docs/perf/gateway.json``, draws ``docs/perf/gateway.png`` and
-regenerates the figures section of ``docs/performance.md``. Prints a table. Not a timed test.
+delays and RSS over 50 rounds), the engine check (``bench/engine_check.py``: does doubling
+the engine side raise smg's c=256 throughput?) and, when the vLLM peer is installed (not in
+``--quick`` unless ``--with-vllm``), ``bench/vllm_bench.py``: vLLM's own ``vllm bench serve``
+against smg_trio N=1, N=2 and smg on the lean engine (3 repetitions, ~25 s each, most of it
+the client's start-up). Writes ``docs/perf/gateway.json``, draws ``docs/perf/gateway.png``
+and regenerates the figures section of ``docs/performance.md``. Prints a table. Not a timed
+test.
 
-    python bench/run.py            # full run, ~6 min on 2 cores
+    python bench/run.py            # full run
     python bench/run.py --quick    # ~3 min smoke check: one repetition, fewer requests, no vLLM
-    python bench/run.py --render   # only redraw the chart and the docs from the JSON
+    python bench/run.py --render [--json FILE]   # only redraw the chart and the docs
 
 Any other option is passed to ``bench/gateway.py`` (see ``python bench/gateway.py --help``).
 """
@@ -26,11 +30,14 @@ from pathlib import Path
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
-if str(BENCH_DIR) not in sys.path:
-    sys.path.insert(0, str(BENCH_DIR))
+for _path in (BENCH_DIR, BENCH_DIR.parent):  # bench helpers; peers/ (repo-only tooling)
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 import gateway  # noqa: E402
 import report  # noqa: E402
+
+from peers.tools import vllm_missing_reason  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,15 +47,24 @@ def main(argv: list[str] | None = None) -> int:
         gateway.parser().print_help()
         return 0
     json_path = report.DEFAULT_JSON
+    if "--json" in args:
+        json_path = Path(args[args.index("--json") + 1])
     if "--render" not in args:
         if "--json" not in args:
             args += ["--json", str(json_path)]
-        else:
-            json_path = Path(args[args.index("--json") + 1])
+        quick = "--quick" in args
         gateway.run_bench(args)
-        add_long_prompt(json_path, prompts=3 if "--quick" in args else 10)
-        add_abort_soak(json_path, rounds=10 if "--quick" in args else 50)
-        add_engine_check(json_path, reps=1 if "--quick" in args else 3)
+        add_long_prompt(json_path, prompts=3 if quick else 10)
+        add_abort_soak(json_path, rounds=10 if quick else 50)
+        add_engine_check(json_path, reps=1 if quick else 3)
+        if quick and "--with-vllm" not in args:
+            print(
+                "vllm bench serve skipped in --quick (the vLLM client starts slowly; --with-vllm)"
+            )
+        elif (reason := vllm_missing_reason()) is not None:
+            print(f"vllm bench serve skipped: {reason}")
+        else:
+            add_vllm_bench(json_path, quick=quick, reps=1 if quick else 3)
     report.render(json_path)
     print(f"wrote {json_path}, {report.DEFAULT_PNG} and {report.DEFAULT_MD}")
     return 0
@@ -94,6 +110,15 @@ def add_engine_check(json_path: Path, *, reps: int) -> None:
     figures = _run_json("engine_check.py", "--reps", str(reps))
     data = json.loads(json_path.read_text())
     data["engine_check"] = figures
+    json_path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def add_vllm_bench(json_path: Path, *, quick: bool, reps: int) -> None:
+    """Run ``bench/vllm_bench.py`` (``vllm bench serve`` against smg_trio N=1, N=2 and smg, each
+    in front of the lean engine) and keep its figures under ``vllm_bench``."""
+    figures = _run_json("vllm_bench.py", "--reps", str(reps), *(["--quick"] if quick else []))
+    data = json.loads(json_path.read_text())
+    data["vllm_bench"] = figures
     json_path.write_text(json.dumps(data, indent=1) + "\n")
 
 

@@ -47,6 +47,8 @@ class ServedModel:
     extra_eos_token_ids: list[int] = attrs.field(factory=list)
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
+    #: The model directory its tokenizer came from (the frontends load the same one).
+    model_path: str | None = None
     #: Classifier labels and Matryoshka dimensions from ``config.json`` (pooling models).
     pooling: PoolingInfo = attrs.field(factory=PoolingInfo)
     #: ``generation_config.json``'s sampling fields, the defaults of requests that leave

@@ -18,7 +18,9 @@ ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
 #: One undecodable message is dropped; this many in a row means the stream is garbage.
 MAX_CONSECUTIVE_DECODE_ERRORS = 3
 #: The output loop handles up to this many waiting messages before it lets other tasks run.
-_OUTPUT_BURST = 16
+#: A saturated gateway finds many: each stream then takes all its steps of the burst in one
+#: merged event (64 against 16: c=256 CPU per token -7%, TTFT p99 -37%; docs/performance.md).
+_OUTPUT_BURST = 64
 
 
 class ClientOutput(ClientAborts):

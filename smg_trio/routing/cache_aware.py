@@ -193,9 +193,14 @@ class CacheAwareRouter:
     ) -> Decision:
         """The engine for ``request`` among ``candidates`` (non-empty; engines not added are
         routed by load alone). When it is an engine without events, the prompt's blocks are
-        recorded there."""
+        recorded there. A single candidate is returned as it is: nothing is recorded or
+        counted."""
         if not candidates:
             raise ValueError("no candidate engine")
+        if len(candidates) == 1:
+            # Nothing to choose: no key chain, no index work on every request of a lone
+            # engine (its approximate index learns the prompts once there is a choice).
+            return Decision(candidates[0].engine, "placement")
         self._maybe_evict(now)
         chains: dict[int, list[int]] = {}
         decision = self._decide(request, candidates, chains)

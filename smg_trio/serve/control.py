@@ -15,6 +15,7 @@ import trio
 from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 
+from smg_trio.backend import ServedModel
 from smg_trio.gateway.openai.errors import ApiError
 from smg_trio.serve.engine_control import ENGINE_CONTROL_PATHS
 from smg_trio.serve.lora_routes import LORA_PATHS
@@ -86,6 +87,7 @@ def _worker_entry(worker: WorkerState, slot: int) -> dict[str, Any]:
         "runtime": worker.runtime,
         "dp_size": worker.dp_size,
         "reasoning_parser": spec.reasoning_parser,
+        "tool_call_parser": spec.tool_call_parser,
         "handshake": worker.addresses.handshake,
         "status": worker.status,
         "held": worker.held,
@@ -98,13 +100,23 @@ def _worker_entry(worker: WorkerState, slot: int) -> dict[str, Any]:
     }
 
 
+def _model_entry(model: ServedModel) -> dict[str, Any]:
+    return {
+        "model_path": model.model_path,
+        "reasoning_parser": model.reasoning_parser,
+        "tool_call_parser": model.tool_call_parser,
+    }
+
+
 def worker_table(manager: WorkerManager, slots: Callable[[str], int]) -> dict[str, Any]:
     """What the frontends mirror: every registered worker with its engines' registrations
-    (those of the live client 0 only), its generation and its load slot, and the draining
-    flag."""
+    (those of the live client 0 only), its generation and its load slot, the draining flag,
+    and each served model's source (its directory and parsers: a worker that joins a served
+    model names none of its own)."""
     return {
         "draining": manager.draining,
         "workers": [_worker_entry(w, slots(w.worker_id)) for w in manager.workers],
+        "models": {m.model_id: _model_entry(m) for m in manager.models.values()},
         "lora_adapters": manager.loras.to_json(),
     }
 

@@ -186,6 +186,7 @@ class FrontendManager(WorkerManager):
             zmq_handshake_address=entry["handshake"],
             dp_size=entry["dp_size"],
             reasoning_parser=entry["reasoning_parser"],
+            tool_call_parser=entry["tool_call_parser"],
         )
         addrs = worker_addresses(
             spec.url,
@@ -208,12 +209,30 @@ class FrontendManager(WorkerManager):
         self.registry.register(worker)
         self._nursery.start_soon(self._attach_loop, worker)
 
+    def _model_source(self, worker: AttachedWorker) -> tuple[str, str | None, str | None] | None:
+        """Where ``worker``'s model comes from: ``(model_path, reasoning_parser,
+        tool_call_parser)`` as the supervisor serves it (the table's ``models``), else as the
+        worker's spec names it; ``None`` for a worker that joins a model (no ``model_path``)
+        that the supervisor has not published yet."""
+        served = (self._table.get("models") or {}).get(worker.model_id)
+        if served is not None and served["model_path"] is not None:
+            return served["model_path"], served["reasoning_parser"], served["tool_call_parser"]
+        spec = worker.spec
+        if spec.model_path is None:
+            return None
+        return spec.model_path, spec.reasoning_parser, spec.tool_call_parser
+
     async def _load(self, worker: AttachedWorker) -> None:
+        while (source := self._model_source(worker)) is None:
+            if worker.model_id in self.models:
+                return
+            await worker.entry_changed.wait()  # the next table
         if worker.model_id in self.models:
             return
+        path, reasoning_parser, tool_call_parser = source
         tok, (eos, extra), max_len, pooling, defaults = await trio.to_thread.run_sync(
             load_model,
-            worker.spec.model_path,
+            path,
             self.confinement.model_dirs,
             self.chat_template,
             self.chat_template_content_format,
@@ -226,7 +245,9 @@ class FrontendManager(WorkerManager):
                 max_model_len=worker.entry.get("max_model_len") or max_len or 2048,
                 eos_token_id=eos,
                 extra_eos_token_ids=list(extra),
-                reasoning_parser=worker.spec.reasoning_parser,
+                reasoning_parser=reasoning_parser,
+                tool_call_parser=tool_call_parser,
+                model_path=path,
                 pooling=pooling,
                 sampling_defaults=defaults,
             )

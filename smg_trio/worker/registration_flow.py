@@ -91,6 +91,7 @@ def registration_definition(manager: WorkerManager) -> WorkflowDefinition:
                 extra_eos_token_ids=list(extra),
                 reasoning_parser=worker.spec.reasoning_parser,
                 tool_call_parser=worker.spec.tool_call_parser,
+                model_path=worker.spec.model_path,
                 pooling=pooling,
                 sampling_defaults=defaults,
             )

@@ -125,9 +125,11 @@ def test_a_long_whole_choice_is_decoded_in_bounded_runs(
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_feed_each_gives_a_delta_per_output_and_the_same_text(deepseek_tok: Any, text: str) -> None:
-    """Outputs taken together (a stream that fell behind the engine) give one delta per
-    output, as they would have one at a time, with the whole text of a single ``feed``."""
+def test_outputs_taken_together_give_one_delta_with_the_text_of_each(
+    deepseek_tok: Any, text: str
+) -> None:
+    """Outputs taken together (a stream that fell behind the engine) give one delta, as
+    vLLM's output collector merges them: the text and finish of feeding them one at a time."""
     ids = deepseek_tok.encode(text)
     outputs = [
         EngineOutput("r", [t], "length" if k == len(ids) - 1 else None)  # type: ignore[arg-type]
@@ -136,40 +138,36 @@ def test_feed_each_gives_a_delta_per_output_and_the_same_text(deepseek_tok: Any,
     params = ChoiceParams(limit=100)
     one_by_one = ChoicePipeline(0, deepseek_tok, params)
     apart = [d for o in outputs if (d := one_by_one.feed([o])) is not None]
-    each = list(ChoicePipeline(0, deepseek_tok, params).feed_each(outputs))
     merged = ChoicePipeline(0, deepseek_tok, params).feed(outputs)
     assert merged is not None
-    assert len(each) > 1
-    assert [(d.text, d.finish_reason) for d in each] == [(d.text, d.finish_reason) for d in apart]
-    assert "".join(d.text for d in each) == merged.text == text
-    assert each[-1].finish_reason == "length"
+    assert len(apart) > 1
+    assert merged.text == "".join(d.text for d in apart) == text
+    assert merged.finish_reason == apart[-1].finish_reason == "length"
 
 
 @FAILURES
-def test_feed_each_returns_the_text_before_a_failure_first(
+def test_outputs_taken_together_give_the_text_before_a_failure_first(
     tok: Any, reason: str, code: str
 ) -> None:
     ids = tok.encode("hello world")
     pipeline = ChoicePipeline(0, tok, ChoiceParams(limit=100))
-    deltas = list(pipeline.feed_each(_text_then_failure(ids, reason)))
-    assert "".join(d.text for d in deltas) == "hello world"
-    assert len(deltas) == 2
+    delta = pipeline.feed(_text_then_failure(ids, reason))
+    assert delta is not None
+    assert delta.text == "hello world"
     assert pipeline.failure is not None
     assert pipeline.failure.code == code
-    with pytest.raises(EngineRequestFailed):
-        list(pipeline.feed_each([]))
     alone = ChoicePipeline(0, tok, ChoiceParams(limit=100))
     with pytest.raises(EngineRequestFailed):
-        list(alone.feed_each([EngineOutput("r", [], reason), EngineOutput("r", ids)]))  # type: ignore[arg-type]
+        alone.feed([EngineOutput("r", [], reason), EngineOutput("r", ids)])  # type: ignore[arg-type]
 
 
-def test_feed_each_stops_at_the_finish(tok: Any) -> None:
+def test_outputs_taken_together_stop_at_the_finish(tok: Any) -> None:
     """Outputs after the one that finished the choice are ignored."""
     ids = tok.encode("one two three four")
     outputs = [EngineOutput("r", [t], "stop" if k == 1 else None) for k, t in enumerate(ids)]  # type: ignore[arg-type]
     pipeline = ChoicePipeline(0, tok, ChoiceParams(limit=100))
-    deltas = list(pipeline.feed_each(outputs))
+    delta = pipeline.feed(outputs)
     assert pipeline.done
-    assert len(deltas) == 2
-    assert deltas[-1].finish_reason == "stop"
+    assert delta is not None
+    assert delta.finish_reason == "stop"
     assert pipeline.completion_tokens == 2

@@ -185,3 +185,17 @@ def test_a_shared_prefix_does_not_pull_every_new_session_to_one_engine() -> None
         nxt = system + [s] * (2 * BS) + [s + 50] * BS
         assert r.choose(RouteRequest(nxt), cands(a=0, b=0), now=0).engine == homes[s]
     assert r.approx.is_fork(block_keys(system, BS)[-1])
+
+
+def test_a_lone_engine_is_chosen_without_index_work() -> None:
+    """One candidate: it is the choice, and no prompt is keyed, recorded or counted (the
+    per-request cost of a single engine); once there are two, prompts are recorded again."""
+    r = router(A, events=False)
+    d = r.choose(RouteRequest(PROMPT), cands(a=0), now=0)
+    assert (d.engine, d.reason) == (A, "placement")
+    assert r.blocks(A) == 0
+    assert sum(r.decisions.values()) == 0
+    r.add_engine(B, block_size=BS, events=False)
+    first = r.choose(RouteRequest(PROMPT), cands(a=0, b=0), now=1)
+    assert r.blocks(first.engine) == len(PROMPT) // BS
+    assert sum(r.decisions.values()) == 1

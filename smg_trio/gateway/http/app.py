@@ -149,21 +149,24 @@ def create_app(
 
     # The hot routes skip Quart's per-request machinery; Quart views of the same routes serve
     # what the middleware does not take (e.g. the app mounted under a root path).
-    app.asgi_app = Cors(  # type: ignore[assignment,method-assign]
-        RequestGuard(
-            InferenceRoutes(
-                app.asgi_app,
-                routes,
-                send_response,
-                max_body=config.max_body_bytes,
-                body_timeout_s=config.body_timeout_s,
-            )
-        ),
-        config.allowed_origins,
-        config.allowed_methods,
-        config.allowed_headers,
-        config.allow_credentials,
+    guarded: Any = RequestGuard(
+        InferenceRoutes(
+            app.asgi_app,
+            routes,
+            send_response,
+            max_body=config.max_body_bytes,
+            body_timeout_s=config.body_timeout_s,
+        )
     )
+    if config.allowed_origins:  # no origin allowed: no CORS layer on every request's path
+        guarded = Cors(
+            guarded,
+            config.allowed_origins,
+            config.allowed_methods,
+            config.allowed_headers,
+            config.allow_credentials,
+        )
+    app.asgi_app = guarded  # type: ignore[method-assign]
 
     for path, route in routes.items():
         app.add_url_rule(path, path, _view(route), methods=["POST"])

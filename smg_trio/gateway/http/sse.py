@@ -223,12 +223,10 @@ class StreamBody(ResponseBody):
             if not outputs:
                 return
             self._call.on_batch()
-            render = self._renderer.delta
-            if len(outputs) == 1:  # the usual case: the stream keeps up with the engine
-                delta = pipeline.feed(outputs)
-                data = b"" if delta is None else render(sub, delta)
-            else:  # an event per step, each rendered as it is fed
-                data = b"".join([render(sub, delta) for delta in pipeline.feed_each(outputs)])
+            # Several steps taken together (this stream fell behind the engine) are one
+            # event, as vLLM's output collector merges a consumer's pending deltas.
+            delta = pipeline.feed(outputs)
+            data = b"" if delta is None else self._renderer.delta(sub, delta)
             if pipeline.done:
                 # The last frames go out now too, with the body's end where the server can;
                 # the writer task only ends the response (and ABORTs the engine after a

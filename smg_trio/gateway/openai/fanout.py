@@ -116,7 +116,10 @@ class _Driver:
                     )
                 return
             self.on_batch()
-            for delta in pipeline.feed_each(outputs):  # an event per engine step
+            # the steps taken together are one delta, as vLLM's output collector merges a
+            # stream's outputs when its consumer fell behind the engine
+            delta = pipeline.feed(outputs)
+            if delta is not None:
                 self.on_delta(self.sub, delta)
             if pipeline.failure is not None:
                 raise pipeline.failure

@@ -9,7 +9,7 @@ concatenated deltas always equal the non-streamed text and tool calls.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -254,32 +254,6 @@ class ChoicePipeline:
                 self.finish_reason = reason
                 self.stop_reason = out.stop_reason
         return self._emit(parts, thoughts)
-
-    def feed_each(self, outputs: Sequence[EngineOutput]) -> Iterator[TextDelta]:
-        """:meth:`feed` one output at a time, yielding a delta per engine step: a stream that
-        took several steps at once still sends an event per step, rendered as each is fed
-        (so a running usage count is that step's). Stops at the finish or a failure; a
-        failure after text is left in :attr:`failure` once that text was yielded, as
-        :meth:`feed` does."""
-        if len(outputs) <= 1:
-            delta = self.feed(outputs)
-            if delta is not None:
-                yield delta
-            return
-        sent = False
-        for out in outputs:
-            try:
-                delta = self.feed((out,))
-            except EngineRequestFailed as exc:
-                if not sent:
-                    raise
-                self.failure = exc
-                return
-            if delta is not None:
-                sent = True
-                yield delta
-            if self.done or self.failure is not None:
-                return
 
     def _consume(self, out: EngineOutput, parts: list[str], thoughts: list[str]) -> None:
         toks = out.new_token_ids
