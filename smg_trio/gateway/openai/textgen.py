@@ -227,7 +227,9 @@ class ChoicePipeline:
         parts: list[str] = []
         thoughts: list[str] = []
         for out in outputs:
-            if self.finish_reason is not None:
+            # `done`, not `finish_reason is not None`: that would narrow the attribute to None
+            # below, where `_consume` may set it (mypyc-compiled code checks the narrowing).
+            if self.done:
                 break
             if out.cached_tokens is not None:
                 self.cached_tokens = out.cached_tokens
