@@ -264,19 +264,19 @@ class Launch:
 def gateway_launch(name: str, worker_url: str, model_dir: Path, port: int) -> Launch:
     """How to start gateway ``name`` serving ``worker_url`` and where its mock must dial."""
     handshake = worker_addresses(worker_url).handshake
-    if name in ("smg_trio", "smg_trio_n2", "smg_trio_traced", "smg_trio_base"):
+    if name in ("smg_trio", "smg_trio_n2", "smg_trio_traced", "smg_trio_base", "smg_trio_base_n2"):
         cmd = [sys.executable, "-m", "smg_trio", "launch", "--worker-urls", worker_url]
         cmd += ["--backend", "vllm", "--model-path", str(model_dir), "--port", str(port)]
-        if name == "smg_trio_n2":
+        if name.endswith("_n2"):
             cmd += ["--api-server-count", "2"]
         env = None
         if name == "smg_trio_traced":  # bench/tracing_cost.py: spans to its OTLP sink
             cmd += ["--otlp-traces-endpoint", os.environ["SMG_BENCH_OTLP_ENDPOINT"]]
             env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
-        if name == "smg_trio_base":  # bench/tracing_cost.py: another checkout's smg_trio
+        if name.startswith("smg_trio_base"):  # another checkout's smg_trio
             env = {**os.environ, "PYTHONPATH": os.environ["SMG_BENCH_BASE_TREE"]}
             cmd.insert(1, "-P")  # not the current directory's smg_trio: the tree's
-        processes = 3 if name == "smg_trio_n2" else 1
+        processes = 3 if name.endswith("_n2") else 1
         return Launch([*cmd, "--log-level", "warning"], handshake, env, processes=processes)
     if name == "smg":
         cmd = smg_launch_command(
@@ -901,6 +901,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         names.append("smg_trio_base")
     if multi_frontend_supported():
         names.append("smg_trio_n2")
+        if os.environ.get("SMG_BENCH_BASE_TREE"):
+            names.append("smg_trio_base_n2")
     else:
         print("smg_trio_n2 skipped: `launch` has no --api-server-count", file=sys.stderr)
     reason = smg_missing_reason()

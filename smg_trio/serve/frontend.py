@@ -24,7 +24,9 @@ from smg_trio.gateway.http.tenants import SharedLedger
 from smg_trio.logfmt import setup_logging
 from smg_trio.serve.admin_schema import ADMIN_OPERATIONS
 from smg_trio.serve.config import GatewayConfig, cache_aware_config
+from smg_trio.serve.conn_share import SharedConnections
 from smg_trio.serve.control import (
+    CONNECTIONS,
     CONTROL_SOCKET,
     FRONTEND_BEATS,
     FRONTEND_READY,
@@ -228,7 +230,10 @@ async def run_frontend(
             await first.wait()
             with trio.fail_after(max(60.0, config.worker_startup_timeout_s)):
                 await manager.wait_attached()
-            await nursery.start(partial(serve_http, asgi, bind=f"fd://{fd}"))
+            conns = SharedConnections(os.path.join(run_dir, CONNECTIONS), count, index - 1)
+            await nursery.start(
+                partial(serve_http, asgi, bind=f"fd://{fd}", connection_share=conns)
+            )
             await nursery.start(
                 partial(serve_http, local, bind=f"unix:{frontend_socket(run_dir, index)}")
             )
