@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1038,8 +1038,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _bench_until_sigterm(args: argparse.Namespace) -> dict[str, Any] | None:
-    """:func:`bench`, cancelled cleanly on SIGTERM (None then); Ctrl-C raises
+async def until_sigterm(
+    run: Callable[[argparse.Namespace], Awaitable[dict[str, Any]]], args: argparse.Namespace
+) -> dict[str, Any] | None:
+    """``run(args)``, cancelled cleanly on SIGTERM (None then); Ctrl-C raises
     KeyboardInterrupt through it. Either way every process it started is stopped."""
     result: dict[str, Any] | None = None
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
@@ -1052,7 +1054,7 @@ async def _bench_until_sigterm(args: argparse.Namespace) -> dict[str, Any] | Non
                     return
 
             nursery.start_soon(watch)
-            result = await bench(args)
+            result = await run(args)
             nursery.cancel_scope.cancel()
     return result
 
@@ -1079,7 +1081,7 @@ def run_bench(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.rss_streams is None:
         args.rss_streams = 200 if args.quick else 1000
     args.argv = _shown_argv(list(sys.argv[1:] if argv is None else argv))
-    result = trio.run(_bench_until_sigterm, args)
+    result = trio.run(until_sigterm, bench, args)
     if result is None:
         raise SystemExit(128 + signal.SIGTERM)
     print_table(result)

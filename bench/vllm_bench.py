@@ -308,24 +308,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-async def _until_sigterm(args: argparse.Namespace) -> dict[str, Any] | None:
-    """:func:`bench`, cancelled cleanly on SIGTERM (None then)."""
-    result: dict[str, Any] | None = None
-    with trio.open_signal_receiver(signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                async for _ in signals:
-                    print("SIGTERM: stopping", file=sys.stderr, flush=True)
-                    nursery.cancel_scope.cancel()
-                    return
-
-            nursery.start_soon(watch)
-            result = await bench(args)
-            nursery.cancel_scope.cancel()
-    return result
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--num-prompts", type=int, default=None, help=f"default {NUM_PROMPTS}")
@@ -346,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         f" load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
-    result = trio.run(_until_sigterm, args)
+    result = trio.run(gateway.until_sigterm, bench, args)
     if result is None:
         return 128 + signal.SIGTERM
     print(table(result["summary"]))

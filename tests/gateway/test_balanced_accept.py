@@ -51,6 +51,26 @@ async def _connect(sock: socket.socket) -> trio.SocketStream:
     return await trio.open_tcp_stream(*sock.getsockname())
 
 
+async def _deferring(
+    listener: BalancedListener,
+    sock: socket.socket,
+    nursery: trio.Nursery,
+    got: list[trio.SocketStream],
+) -> trio.SocketStream:
+    """A client connected while ``listener`` accepts in the background (into ``got``), once
+    the listener has deferred that connection."""
+
+    async def accept() -> None:
+        got.append(await listener.accept())
+
+    nursery.start_soon(accept)
+    client = await _connect(sock)
+    while not listener.deferred:
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(0.001)
+    return client
+
+
 async def test_within_its_share_a_frontend_accepts_at_once(listening: socket.socket) -> None:
     share = FakeShare(excess=1)  # the slack
     listener = _listener(listening, share)
@@ -69,15 +89,7 @@ async def test_above_its_share_it_waits_until_its_turn(listening: socket.socket)
     got: list[trio.SocketStream] = []
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
-
-            async def accept() -> None:
-                got.append(await listener.accept())
-
-            nursery.start_soon(accept)
-            client = await _connect(listening)
-            while not listener.deferred:
-                await trio.testing.wait_all_tasks_blocked()
-                await trio.sleep(0.001)
+            client = await _deferring(listener, listening, nursery, got)
             assert not got
             assert share.count == 0
             share.more = 0  # the others caught up: its turn
@@ -110,15 +122,7 @@ async def test_a_connection_another_frontend_took_is_not_counted(
     got: list[trio.SocketStream] = []
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
-
-            async def accept() -> None:
-                got.append(await listener.accept())
-
-            nursery.start_soon(accept)
-            first = await _connect(listening)
-            while not listener.deferred:
-                await trio.testing.wait_all_tasks_blocked()
-                await trio.sleep(0.001)
+            first = await _deferring(listener, listening, nursery, got)
             taken, _ = listening.accept()  # another frontend takes it
             share.more = 0  # and the next connection is this frontend's
             second = await _connect(listening)
