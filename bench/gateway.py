@@ -312,7 +312,10 @@ async def start_gateway(
     port = _free_port()
     launch = gateway_launch(name, url, model_dir, port)
     log = directory / f"{name}.log"
-    proc = start_process_group(launch.cmd, env=launch.env, log_path=log)
+    # another checkout's gateway runs from that tree, so that the frontend processes its
+    # supervisor starts (python -m, the working directory first) import its code too
+    cwd = os.environ["SMG_BENCH_BASE_TREE"] if name.startswith("smg_trio_base") else None
+    proc = start_process_group(launch.cmd, env=launch.env, log_path=log, cwd=cwd)
     stack.callback(stop_process_group, proc)
     mock = start_process_group(
         mock_command(launch.handshake, step_ms, *launch.mock_args, *engine_args),

@@ -144,6 +144,16 @@ async def _watch_lifeline() -> None:
             os._exit(1)
 
 
+def _share(run_dir: str, index: int, count: int) -> SharedConnections | None:
+    """This frontend's cell of the open-connection counts, or ``None`` (no balanced accept,
+    with a warning) when the table cannot be opened."""
+    try:
+        return SharedConnections(os.path.join(run_dir, CONNECTIONS), count, index - 1)
+    except (OSError, ValueError) as exc:
+        log.warning("connections are accepted unbalanced: %s", exc)
+        return None
+
+
 async def _beat(fd: int, interval: float) -> None:
     """A byte to the supervisor's heartbeat pipe each ``interval`` while this event loop
     runs: a loop that stops running (blocked, SIGSTOPped) goes silent, and the supervisor
@@ -230,9 +240,13 @@ async def run_frontend(
             await first.wait()
             with trio.fail_after(max(60.0, config.worker_startup_timeout_s)):
                 await manager.wait_attached()
-            conns = SharedConnections(os.path.join(run_dir, CONNECTIONS), count, index - 1)
             await nursery.start(
-                partial(serve_http, asgi, bind=f"fd://{fd}", connection_share=conns)
+                partial(
+                    serve_http,
+                    asgi,
+                    bind=f"fd://{fd}",
+                    connection_share=_share(run_dir, index, count),
+                )
             )
             await nursery.start(
                 partial(serve_http, local, bind=f"unix:{frontend_socket(run_dir, index)}")

@@ -178,3 +178,18 @@ def test_each_frontend_sees_the_others_counts(tmp_path: Path) -> None:
         view.close()
     with pytest.raises(ValueError):
         SharedConnections(path, 3, 3)
+
+
+def test_a_frontend_without_the_table_serves_unbalanced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A missing table (a supervisor of another version) costs the balance, not the frontend."""
+    from smg_trio.serve.frontend import _share
+
+    assert _share(str(tmp_path), 1, 2) is None
+    assert "accepted unbalanced" in caplog.text
+    create_shared_connections(str(tmp_path / "connections"), 2)
+    share = _share(str(tmp_path), 2, 2)
+    assert share is not None
+    assert share.index == 1
+    share.close()
