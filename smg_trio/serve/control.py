@@ -23,7 +23,6 @@ from smg_trio.worker.manager import WorkerManager, WorkerState
 
 __all__ = [
     "ADMIN_PATHS",
-    "CONNECTIONS",
     "CONTROL_SOCKET",
     "FRONTEND_BEATS",
     "FRONTEND_READY",
@@ -50,8 +49,6 @@ FRONTEND_BEATS = 4
 RESPONSES_STORE = "responses.sqlite3"
 #: The tenants' shared ledger (``gateway/http/tenants.py``), in the run directory.
 TENANTS = "tenants"
-#: The frontends' open client connections (:mod:`smg_trio.serve.conn_share`), in the run dir.
-CONNECTIONS = "connections"
 #: How long one table long-poll waits for a change before it answers unchanged.
 TABLE_POLL_S = 10.0
 #: The admin routes a frontend forwards to the supervisor (Quart rules).

@@ -24,9 +24,7 @@ from smg_trio.gateway.http.tenants import SharedLedger
 from smg_trio.logfmt import setup_logging
 from smg_trio.serve.admin_schema import ADMIN_OPERATIONS
 from smg_trio.serve.config import GatewayConfig, cache_aware_config
-from smg_trio.serve.conn_share import SharedConnections
 from smg_trio.serve.control import (
-    CONNECTIONS,
     CONTROL_SOCKET,
     FRONTEND_BEATS,
     FRONTEND_READY,
@@ -144,16 +142,6 @@ async def _watch_lifeline() -> None:
             os._exit(1)
 
 
-def _share(run_dir: str, index: int, count: int) -> SharedConnections | None:
-    """This frontend's cell of the open-connection counts, or ``None`` (no balanced accept,
-    with a warning) when the table cannot be opened."""
-    try:
-        return SharedConnections(os.path.join(run_dir, CONNECTIONS), count, index - 1)
-    except (OSError, ValueError) as exc:
-        log.warning("connections are accepted unbalanced: %s", exc)
-        return None
-
-
 async def _beat(fd: int, interval: float) -> None:
     """A byte to the supervisor's heartbeat pipe each ``interval`` while this event loop
     runs: a loop that stops running (blocked, SIGSTOPped) goes silent, and the supervisor
@@ -240,14 +228,7 @@ async def run_frontend(
             await first.wait()
             with trio.fail_after(max(60.0, config.worker_startup_timeout_s)):
                 await manager.wait_attached()
-            await nursery.start(
-                partial(
-                    serve_http,
-                    asgi,
-                    bind=f"fd://{fd}",
-                    connection_share=_share(run_dir, index, count),
-                )
-            )
+            await nursery.start(partial(serve_http, asgi, bind=f"fd://{fd}"))
             await nursery.start(
                 partial(serve_http, local, bind=f"unix:{frontend_socket(run_dir, index)}")
             )

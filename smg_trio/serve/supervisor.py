@@ -29,14 +29,7 @@ from smg_trio.gateway.openai.responses_shared import create_shared_store
 from smg_trio.logfmt import root_log_format
 from smg_trio.protocol.addresses import client_data_plane
 from smg_trio.serve.config import GatewayConfig
-from smg_trio.serve.conn_share import create_shared_connections
-from smg_trio.serve.control import (
-    CONNECTIONS,
-    FRONTEND_BEATS,
-    FRONTEND_READY,
-    RESPONSES_STORE,
-    TENANTS,
-)
+from smg_trio.serve.control import FRONTEND_BEATS, FRONTEND_READY, RESPONSES_STORE, TENANTS
 from smg_trio.transport.sockdir import ensure_ipc_socket_dir
 from smg_trio.worker.confine import WorkerConfinement
 from smg_trio.worker.manager import WorkerManager
@@ -135,7 +128,6 @@ class FrontendGroup:
         #: The supervisor's manager (its workers' frontend sockets are unlinked at exit).
         self.manager: WorkerManager | None = None
         create_shared_load(os.path.join(run_dir, "load"), count)
-        create_shared_connections(os.path.join(run_dir, CONNECTIONS), count)
         create_shared_store(os.path.join(run_dir, RESPONSES_STORE))
         tenants = load_tenants(config.api_keys_file, config.tenant_api_keys)
         if tenants is not None:

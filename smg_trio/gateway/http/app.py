@@ -35,7 +35,6 @@ from smg_trio.gateway.openai.responses_schemas import ResponseDeleted
 from smg_trio.gateway.openai.tokens import VersionResponse
 from smg_trio.gateway.server.asgi_guard import RequestGuard
 from smg_trio.gateway.server.asgi_shield import ShieldedFinish
-from smg_trio.gateway.server.balance import ConnectionShare
 from smg_trio.gateway.server.direct import SERVER_SEND_KEY, DirectWriter
 from smg_trio.gateway.server.hypercorn_errors import HTTP2_ENABLED_ATTR
 from smg_trio.gateway.server.serve import serve
@@ -381,7 +380,6 @@ async def serve_http(
     graceful_timeout_s: float = 30.0,
     bind: str | None = None,
     fast_http1: bool | None = None,
-    connection_share: ConnectionShare | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` with smg_trio's hypercorn server
@@ -395,8 +393,7 @@ async def serve_http(
     blocked for the app's ``write_timeout_s`` drops its connection; the listen backlog is
     :func:`listen_backlog`. ``bind`` serves an inherited listening socket (``fd://N``, as
     ``--api-server-count`` frontends do) or a unix socket (``unix:PATH``) instead.
-    ``fast_http1`` overrides the app's ``GatewayHttpConfig.fast_http1``. ``connection_share``:
-    this frontend's count among those sharing the listening socket (a balanced accept).
+    ``fast_http1`` overrides the app's ``GatewayHttpConfig.fast_http1``.
     """
     gw = getattr(app, "extensions", {}).get(GATEWAY_KEY)  # a bare ASGI app has none
     enable_http2 = gw.config.enable_http2 if isinstance(gw, Gateway) else False
@@ -412,6 +409,5 @@ async def serve_http(
         write_timeout_s=write_timeout_s,
         fast_http1=fast_http1,
         shutdown_trigger=shutdown_trigger,
-        connection_share=connection_share,
         task_status=task_status,
     )

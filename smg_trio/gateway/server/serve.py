@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from random import randint
@@ -38,7 +37,6 @@ from smg_trio.gateway.server import (
     hypercorn_close,
     hypercorn_errors,
 )
-from smg_trio.gateway.server.balance import BalancedListener, ConnectionShare, counted
 from smg_trio.gateway.server.fast_http1 import FastHttp1
 from smg_trio.gateway.server.fixes import Fix
 from smg_trio.gateway.server.hypercorn_close import (
@@ -107,7 +105,6 @@ async def serve(
     write_timeout_s: float = math.inf,
     fast_http1: bool = True,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
-    connection_share: ConnectionShare | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the ASGI ``app`` as ``hypercorn.trio.serve(app, config)`` does, on
@@ -119,9 +116,7 @@ async def serve(
     ``shutdown_trigger()`` returns; in-flight requests then get ``config.graceful_timeout``
     seconds. A write blocked for ``write_timeout_s`` seconds drops its connection. When
     stopping (at once when cancelled, after the graceful timeout when triggered), writes still
-    blocked after a short grace are closed, so the server always stops. With
-    ``connection_share`` (frontends sharing the listening socket), plain-TCP connections are
-    accepted by a :class:`~smg_trio.gateway.server.balance.BalancedListener`.
+    blocked after a short grace are closed, so the server always stops.
     """
     check_fixes()
     if config.quic_bind:
@@ -148,7 +143,6 @@ async def serve(
                     connections,
                     fast_http1=fast_http1,
                     shutdown_trigger=trigger,
-                    connection_share=connection_share,
                     task_status=task_status,
                 )
             finally:
@@ -183,7 +177,6 @@ async def _worker_serve(
     *,
     fast_http1: bool,
     shutdown_trigger: Callable[[], Awaitable[None]] | None,
-    connection_share: ConnectionShare | None,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
     """hypercorn 0.18's ``hypercorn.trio.run.worker_serve`` for TCP listeners, with
@@ -209,7 +202,7 @@ async def _worker_serve(
                 sock.listen(config.backlog)
 
             listeners: list[trio.SSLListener[trio.SocketStream]] = []
-            plain: list[trio.abc.Listener[trio.SocketStream]] = []
+            plain: list[trio.SocketListener] = []
             binds = []
             if sockets.secure_sockets:
                 ssl_context = config.create_ssl_context()
@@ -219,12 +212,8 @@ async def _worker_serve(
                         trio.SSLListener(listener, ssl_context, https_compatible=True)  # type: ignore[arg-type]
                     )
                     binds.append(f"https://{repr_socket_addr(sock.family, sock.getsockname())}")
-            # frontends sharing a TCP listening socket take their share of its connections
-            tcp = all(sock.family != socket.AF_UNIX for sock in sockets.insecure_sockets)
-            share = connection_share if tcp else None
             for sock in sockets.insecure_sockets:
-                one = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-                plain.append(one if share is None else BalancedListener(one, share))
+                plain.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
                 binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
             for bind in binds:
                 await config.log.info(f"Running on {bind} (CTRL + C to quit)")
@@ -254,8 +243,6 @@ async def _worker_serve(
                             raw_app, config, context, lifespan_state, connections, hand_over
                         )
                         plain_handler = fast.serve
-                    if share is not None:
-                        plain_handler = counted(plain_handler, share)
                     groups: list[tuple[Any, list[Any]]] = [
                         (handler, listeners),
                         (plain_handler, plain),
