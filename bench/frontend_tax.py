@@ -8,6 +8,7 @@ switches of all its threads (``/proc/<pid>/task/*/status``): a voluntary switch 
 loop that blocked and was woken again, a figure the machine's load hardly moves.
 
     python bench/frontend_tax.py [--workload stream64_c32] [--reps 3] [--smg]
+    SMG_BENCH_BASE_TREE=../other python bench/frontend_tax.py --gateways smg_trio_n2,smg_trio_base_n2
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def switches(pids: list[int]) -> tuple[int, int]:
 async def main(args: argparse.Namespace) -> None:
     gateway.ENGINE_SCRIPT = "lean_engine.py"
     w = next(w for w in WORKLOADS if w.name == args.workload)
-    names = ["smg_trio", "smg_trio_n2"] + (["smg"] if args.smg else [])
+    names = args.gateways.split(",") if args.gateways else ["smg_trio", "smg_trio_n2"]
+    names += ["smg"] if args.smg else []
     with contextlib.ExitStack() as stack:
         gws = {n: await start_gateway(n, default_tiny_model_dir(), 1.0, stack) for n in names}
         for gw in gws.values():
@@ -64,8 +66,10 @@ async def main(args: argparse.Namespace) -> None:
                 v1, nv1 = switches(pids)
                 per = [round((cpu_seconds([p]) - cpu0[p]) * 1e3) for p in pids]
                 ktok = max(rec["completion_tokens"], 1) / 1e3
+                ttfts = sorted(rec["ttfts_ms"])
+                p99 = f" TTFT p99 {ttfts[int(0.99 * (len(ttfts) - 1))]:.0f} ms;" if ttfts else ""
                 print(
-                    f"rep {rep + 1} {w.name} {name:<12} {rec['cpu_us_per_token']:5.1f} µs/token;"
+                    f"rep {rep + 1} {w.name} {name:<12} {rec['cpu_us_per_token']:5.1f} µs/token;{p99}"
                     f" CPU ms per process (root first) {per}; per 1000 tokens:"
                     f" {(v1 - v0) / ktok:.0f} voluntary, {(nv1 - nv0) / ktok:.0f} involuntary"
                     f" switches; load {os.getloadavg()[0]:.1f}",
@@ -78,4 +82,9 @@ if __name__ == "__main__":
     p.add_argument("--workload", default="stream64_c32")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--smg", action="store_true")
+    p.add_argument(
+        "--gateways",
+        help="comma-separated gateways instead of smg_trio,smg_trio_n2 (smg_trio_base and"
+        " smg_trio_base_n2 run the checkout named by SMG_BENCH_BASE_TREE: an A/B)",
+    )
     trio.run(main, p.parse_args())
