@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from random import randint
@@ -37,6 +38,7 @@ from smg_trio.gateway.server import (
     hypercorn_close,
     hypercorn_errors,
 )
+from smg_trio.gateway.server.accept import serve_batched
 from smg_trio.gateway.server.fast_http1 import FastHttp1
 from smg_trio.gateway.server.fixes import Fix
 from smg_trio.gateway.server.hypercorn_close import (
@@ -202,7 +204,7 @@ async def _worker_serve(
                 sock.listen(config.backlog)
 
             listeners: list[trio.SSLListener[trio.SocketStream]] = []
-            plain: list[trio.SocketListener] = []
+            plain: list[socket.socket] = []  # served by serve_batched
             binds = []
             if sockets.secure_sockets:
                 ssl_context = config.create_ssl_context()
@@ -213,7 +215,7 @@ async def _worker_serve(
                     )
                     binds.append(f"https://{repr_socket_addr(sock.family, sock.getsockname())}")
             for sock in sockets.insecure_sockets:
-                plain.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+                plain.append(sock)
                 binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
             for bind in binds:
                 await config.log.info(f"Running on {bind} (CTRL + C to quit)")
@@ -243,20 +245,21 @@ async def _worker_serve(
                             raw_app, config, context, lifespan_state, connections, hand_over
                         )
                         plain_handler = fast.serve
-                    groups: list[tuple[Any, list[Any]]] = [
-                        (handler, listeners),
-                        (plain_handler, plain),
-                    ]
-                    for serve_one, group in groups:
-                        if group:
-                            nursery.start_soon(
-                                partial(
-                                    trio.serve_listeners,
-                                    serve_one,
-                                    group,
-                                    handler_nursery=server_nursery,
-                                )
+                    if listeners:
+                        nursery.start_soon(
+                            partial(
+                                trio.serve_listeners,
+                                handler,
+                                listeners,
+                                handler_nursery=server_nursery,
                             )
+                        )
+                    if plain:
+                        nursery.start_soon(
+                            partial(
+                                serve_batched, plain_handler, plain, handler_nursery=server_nursery
+                            )
+                        )
                     await trio.sleep_forever()
             except BaseExceptionGroup as error:
                 _, other_errors = error.split((ShutdownError, KeyboardInterrupt))
