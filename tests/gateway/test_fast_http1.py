@@ -24,7 +24,7 @@ from smg_trio.gateway.http.app import gateway_of
 from smg_trio.gateway.server import direct, fast_http1
 from smg_trio.gateway.server.fast_http1 import ReplayStream, parse_head
 from smg_trio.protocol import vllm
-from tests.helpers.gateway import DEADLINE_S, HarnessFactory, hostport, steps_of
+from tests.helpers.gateway import DEADLINE_S, HarnessFactory, hostport, steps_of, steps_per_message
 
 CHAT = json.dumps({"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
 STREAM = json.dumps(
@@ -615,28 +615,6 @@ async def test_a_partial_last_write_still_ends_the_body_once(
     assert answers[True] == answers[False]
 
 
-def _two_steps_per_message(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Have the mock engine send two steps' outputs in each message, as the gateway finds
-    them when it fell behind (several steps waiting on its socket)."""
-    send = engine._send_vllm
-    held: list[Any] = []
-    steps = [0]
-
-    async def send_vllm(results: Any) -> None:
-        if not results:
-            await send(results)
-            return
-        held.extend(results)
-        steps[0] += 1
-        if steps[0] == 2 or any(reason is not None for _, _, reason, _ in results):
-            out = list(held)
-            held.clear()
-            steps[0] = 0
-            await send(out)
-
-    monkeypatch.setattr(engine, "_send_vllm", send_vllm)
-
-
 def _contents(events: Sequence[bytes]) -> dict[int, list[tuple[bytes, bytes]]]:
     """Each choice's (text, running completion_tokens) per content event."""
     out: dict[int, list[tuple[bytes, bytes]]] = {}
@@ -674,7 +652,7 @@ async def test_steps_taken_together_go_in_one_write_as_one_event(
         with trio.fail_after(DEADLINE_S):
             async with harness(plan=lambda r: steps) as h:
                 if together:
-                    _two_steps_per_message(h.engine, monkeypatch)
+                    steps_per_message(h.engine, monkeypatch, 2)
                 raw = _post(json.dumps(body), path, extra="Connection: close\r\n")
                 answer = await _talk(h, raw)
                 assert h.client.inflight_count == 0

@@ -14,36 +14,17 @@ import trio
 from smg_trio.codec.msgpack import encoder
 from smg_trio.gateway.config import GatewayHttpConfig
 from smg_trio.protocol import vllm
-from tests.helpers.gateway import DEADLINE_S, Harness, HarnessFactory, steps_of
+from tests.helpers.gateway import (
+    DEADLINE_S,
+    Harness,
+    HarnessFactory,
+    steps_of,
+    steps_per_message,
+)
 from tests.helpers.raw_sse import RawSSE
 from tests.helpers.sse import sse_chunks, sse_events
 
 HERMES = GatewayHttpConfig(tool_call_parser="hermes", enable_auto_tool_choice=True)
-
-
-def steps_per_message(engine: Any, monkeypatch: pytest.MonkeyPatch, k: int | None) -> None:
-    """Have the mock engine send ``k`` steps' outputs in each message (``None``: every step
-    of a request up to its finish in one message), as a gateway that fell behind finds them
-    waiting on its socket."""
-    if k == 1:
-        return
-    send = engine._send_vllm
-    held: list[Any] = []
-    steps = [0]
-
-    async def send_vllm(results: Any) -> None:
-        if not results:
-            await send(results)
-            return
-        held.extend(results)
-        steps[0] += 1
-        if steps[0] == k or any(reason is not None for _, _, reason, _ in results):
-            out = list(held)
-            held.clear()
-            steps[0] = 0
-            await send(out)
-
-    monkeypatch.setattr(engine, "_send_vllm", send_vllm)
 
 
 def chat_summary(raw: bytes) -> dict[str, Any]:

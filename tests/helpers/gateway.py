@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 import httpx
+import pytest
 import trio
 from quart_trio import QuartTrio
 
@@ -163,3 +164,28 @@ def hostport(base_url: str) -> tuple[str, int]:
     assert url.host is not None
     assert url.port is not None
     return url.host, url.port
+
+
+def steps_per_message(engine: Any, monkeypatch: pytest.MonkeyPatch, k: int | None) -> None:
+    """Have the mock engine send ``k`` steps' outputs in each message (``None``: every step
+    of a request up to its finish in one message), as a gateway that fell behind finds them
+    waiting on its socket."""
+    if k == 1:
+        return
+    send = engine._send_vllm
+    held: list[Any] = []
+    steps = [0]
+
+    async def send_vllm(results: Any) -> None:
+        if not results:
+            await send(results)
+            return
+        held.extend(results)
+        steps[0] += 1
+        if steps[0] == k or any(reason is not None for _, _, reason, _ in results):
+            out = list(held)
+            held.clear()
+            steps[0] = 0
+            await send(out)
+
+    monkeypatch.setattr(engine, "_send_vllm", send_vllm)
