@@ -149,28 +149,28 @@ def create_app(
 
     # The hot routes skip Quart's per-request machinery; Quart views of the same routes serve
     # what the middleware does not take (e.g. the app mounted under a root path).
-    # With no origin allowed (the default) the hot routes have no CORS layer on their path:
-    # only what reaches Quart (a preflight is an OPTIONS) passes one, which refuses
-    # preflights as vLLM's does.
-    cors = (
-        config.allowed_origins,
-        config.allowed_methods,
-        config.allowed_headers,
-        config.allow_credentials,
-    )
-    fallback: Any = app.asgi_app if config.allowed_origins else Cors(app.asgi_app, *cors)
-    guarded: Any = RequestGuard(
-        InferenceRoutes(
-            fallback,
-            routes,
-            send_response,
-            max_body=config.max_body_bytes,
-            body_timeout_s=config.body_timeout_s,
+    def with_cors(inner: Any) -> Cors:
+        return Cors(
+            inner,
+            config.allowed_origins,
+            config.allowed_methods,
+            config.allowed_headers,
+            config.allow_credentials,
         )
+
+    # With origins allowed every request passes the CORS layer; with none (the default) only
+    # what reaches Quart does (a preflight is an OPTIONS: refused as vLLM refuses it), and
+    # the hot routes have no CORS layer on their path.
+    origins = bool(config.allowed_origins)
+    hot = InferenceRoutes(
+        app.asgi_app if origins else with_cors(app.asgi_app),
+        routes,
+        send_response,
+        max_body=config.max_body_bytes,
+        body_timeout_s=config.body_timeout_s,
     )
-    if config.allowed_origins:
-        guarded = Cors(guarded, *cors)
-    app.asgi_app = guarded  # type: ignore[method-assign]
+    guarded = RequestGuard(hot)
+    app.asgi_app = with_cors(guarded) if origins else guarded  # type: ignore[assignment,method-assign]
 
     for path, route in routes.items():
         app.add_url_rule(path, path, _view(route), methods=["POST"])
