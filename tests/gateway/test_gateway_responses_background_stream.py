@@ -101,7 +101,10 @@ async def test_cancel_ends_the_stream(harness: HarnessFactory, tok: Tokenizer) -
             sse = await RawSSE.post(
                 h.base_url, "/v1/responses", {**BODY, "max_output_tokens": 1000}
             )
-            first = await sse.until(lambda evs: len(evs) >= 1)
+            # a text delta: the engine has the request (response.created comes before the ADD)
+            first = await sse.until(
+                lambda evs: any(e.get("type") == "response.output_text.delta" for e in evs)
+            )
             rid = first[0]["response"]["id"]
             res = await h.http.post(f"/v1/responses/{rid}/cancel", json={})
             assert res.status_code == 200, res.text
