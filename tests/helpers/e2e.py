@@ -219,8 +219,16 @@ def vllm_reference(script: str, model_path: Path, args: Any, out: Path) -> Any:
             timeout=ENGINE_STARTUP_S,
             check=False,
         )
-    assert proc.returncode == 0, log_tail(log)
-    return json.loads(out.read_text())
+    # vLLM's CPU build can abort in C++ teardown at interpreter exit ("terminate called without
+    # an active exception", SIGABRT) after the script wrote its answer and every engine process
+    # exited; a complete JSON answer is the script's result, whatever the teardown did.
+    try:
+        return json.loads(out.read_text())
+    except (OSError, ValueError):
+        raise AssertionError(
+            f"vLLM reference script exited with {proc.returncode} and no complete answer:\n"
+            f"{log_tail(log)}"
+        ) from None
 
 
 def assert_alive(proc: subprocess.Popen[bytes], log_path: Path, what: str) -> None:
