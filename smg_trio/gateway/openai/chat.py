@@ -237,7 +237,7 @@ class ChatDraft:
         )
         limit = truncation_limit(body, self.served.max_model_len)
         if limit is None:
-            check_prompt_fits(self.plan, self.served, prompt, "messages")
+            check_prompt_fits(self.served, prompt, "messages")
             return prompt, tok.encode(prompt)
         return prompt, truncate_ids(tok.encode(prompt), limit, body.truncation_side)
 

@@ -161,9 +161,9 @@ class CompletionDraft:
             if limit is not None:  # truncated after encoding: it fits by then
                 return
             if isinstance(prompt, str):
-                check_prompt_fits(plan, served, prompt, param)
+                check_prompt_fits(served, prompt, param)
             else:
-                check_token_ids_fit(plan, served, len(prompt), param)
+                check_token_ids_fit(served, len(prompt), param)
 
         prompts = parse_prompts(self.body.prompt, served.tokenizer, self.config.max_prompts, fits)
         return truncate_all(prompts, limit, self.body.truncation_side)

@@ -436,7 +436,7 @@ def resolve_max_tokens(
     return mt, mt
 
 
-def check_prompt_fits(plan: Plan, served: ServedModel, prompt: str, prompt_param: str) -> None:
+def check_prompt_fits(served: ServedModel, prompt: str, prompt_param: str) -> None:
     """Refuse, before encoding it whole, a prompt that cannot fit the context: it has at
     least ``ceil(chars / L)`` tokens, ``L`` the tokenizer's longest token, and a long one at
     least what a bounded prefix of it encodes to (:meth:`Tokenizer.min_tokens`, which caps the
@@ -487,7 +487,7 @@ def _too_long(ctx: int, count: str, param: str) -> ValidationError:
     )
 
 
-def check_token_ids_fit(plan: Plan, served: ServedModel, count: int, prompt_param: str) -> None:
+def check_token_ids_fit(served: ServedModel, count: int, prompt_param: str) -> None:
     """:func:`check_prompt_fits` for a token-id prompt of ``count`` ids (before checking
     each id)."""
     _check_fits(served, count, prompt_param, "")
