@@ -10,7 +10,8 @@ read): what the client waits beyond the span is the wait before the gateway read
 the request (accept, the connection's read) or after the first token (the write).
 Tracing costs the gateway CPU: these are stage shares, not the benchmark's TTFT figures.
 
-    python bench/ttft_stages.py [--engine mock|lean] [--total 768] [--json out.json]
+    python bench/ttft_stages.py [--engine mock|lean] [--workload stream_c256] [--total 768]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ STAGES = (
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     sink = SpanSink()
-    w = next(w for w in WORKLOADS if w.name == "stream_c256")
+    w = next(w for w in WORKLOADS if w.name == args.workload)
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, sink.serve, 0, host="127.0.0.1"))
         port = listeners[0].socket.getsockname()[1]
@@ -118,7 +119,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 real = gateway.mock_command
                 gateway.mock_command = lambda *a: [*real(*a), "--add-log", str(add_log)]
             gw = await start_gateway(name, default_tiny_model_dir(), 1.0, stack)
-            await gateway_run(gw, w, 256)  # warm-up
+            await gateway_run(gw, w, min(256, args.total))  # warm-up
             await trio.sleep(1.0)
             sink.spans.clear()
             rec = await gateway_run(gw, w, args.total)
@@ -149,6 +150,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--total", type=int, default=768)
+    p.add_argument("--workload", default="stream_c256", choices=[w.name for w in WORKLOADS])
     p.add_argument("--engine", choices=("mock", "lean"), default="mock")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args()
