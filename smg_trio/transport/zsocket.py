@@ -42,8 +42,11 @@ __all__ = ["Frame", "ZmqSocket", "ZmqSocketError", "zmq_context"]
 #: What :meth:`ZmqSocket.send_multipart` accepts per frame.
 Frame: TypeAlias = bytes | bytearray | memoryview
 
-_POLLIN: Final = zmq.POLLIN
-_POLLOUT: Final = zmq.POLLOUT
+# Plain ints: ``EVENTS & zmq.POLLIN`` with pyzmq's enum builds two ``PollEvent`` objects per
+# check, and the output loop checks on every wake-up.
+_POLLIN: Final = int(zmq.POLLIN)
+_POLLOUT: Final = int(zmq.POLLOUT)
+_EVENTS: Final = int(zmq.EVENTS)
 
 _context: zmq.Context[zmq.Socket[bytes]] | None = None
 _context_pid: int | None = None
@@ -131,7 +134,7 @@ class ZmqSocket:
             slept = True
         # The fd is edge-signalled and reading EVENTS consumes the edge, so re-read EVENTS
         # before *every* sleep.
-        while not (cast(int, self._sock.get(zmq.EVENTS)) & flag):
+        while not (cast(int, self._sock.get(_EVENTS)) & flag):
             await trio.lowlevel.wait_readable(self._fd)
             self._check_open()
             slept = True
@@ -233,7 +236,7 @@ class ZmqSocket:
         ``ZmqSocketError`` from libzmq and :class:`trio.ClosedResourceError` if closed.
         """
         self._check_open()
-        if not (cast(int, self._sock.get(zmq.EVENTS)) & _POLLIN):
+        if not (cast(int, self._sock.get(_EVENTS)) & _POLLIN):
             return None
         try:
             return self._sock.recv_multipart(flags=zmq.DONTWAIT)
@@ -260,7 +263,7 @@ class ZmqSocket:
         a reconnect can still see the old pipe. Reading ``EVENTS`` applies them unthrottled.
         """
         self._check_open()
-        self._sock.get(zmq.EVENTS)
+        self._sock.get(_EVENTS)
 
     def close(self, *, linger_ms: int = 0) -> None:
         """Close the socket; idempotent. A task blocked in an operation on it gets
