@@ -33,6 +33,9 @@ from smg_trio.worker.jobs import DEFAULT_JOB_TTL_S, DEFAULT_MAX_FINISHED_JOBS
 from smg_trio.worker.manager import WORKER_WAIT_TIMEOUT_S
 from smg_trio.worker.policies import DEFAULT_POLICY, POLICY_NAMES
 
+#: The choices of ``--log-level`` and ``serve``'s ``--engine-log-level``.
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     # serve/__init__ (the HTTP app) is heavy; the mock-engine and conformance paths skip it
@@ -429,7 +432,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--log-level",
         default="info",
-        choices=["debug", "info", "warning", "error"],
+        choices=LOG_LEVELS,
         help="the gateway's log level (as vLLM's --uvicorn-log-level; the engines': "
         "--engine-log-level) (default %(default)s)",
     )

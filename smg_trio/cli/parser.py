@@ -6,7 +6,7 @@ import argparse
 
 from smg_trio import __version__
 from smg_trio.cli.argtypes import _int_at_least
-from smg_trio.cli.gateway_flags import _common
+from smg_trio.cli.gateway_flags import LOG_LEVELS, _common
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--engine-log-level",
         default="info",
-        choices=["debug", "info", "warning", "error"],
+        choices=LOG_LEVELS,
         help="forward the engines' log lines from this level on, each at the engine's own "
         "level and with its [engine-PORT] prefix (default %(default)s)",
     )

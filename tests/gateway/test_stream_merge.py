@@ -27,60 +27,63 @@ from tests.helpers.sse import sse_chunks, sse_events
 HERMES = GatewayHttpConfig(tool_call_parser="hermes", enable_auto_tool_choice=True)
 
 
-def chat_summary(raw: bytes) -> dict[str, Any]:
-    """What a chat stream adds up to, per choice."""
-    chunks = sse_chunks(raw)
-    out: dict[int, dict[str, Any]] = {}
+def stream_choices(raw: bytes) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Every choice of a stream's chunks in order, and the final usage chunk's ``usage``."""
+    choices: list[dict[str, Any]] = []
     usage = None
-    for chunk in chunks:
+    for chunk in sse_chunks(raw):
         if chunk.get("usage") and not chunk["choices"]:
             usage = chunk["usage"]
-        for c in chunk["choices"]:
-            s = out.setdefault(
-                c["index"],
-                {"content": "", "reasoning": "", "calls": {}, "lp": [], "ids": [], "finish": None},
-            )
-            d = c.get("delta", {})
-            s["content"] += d.get("content") or ""
-            s["reasoning"] += d.get("reasoning") or ""
-            for tc in d.get("tool_calls") or []:
-                call = s["calls"].setdefault(tc["index"], {"id": None, "name": None, "args": ""})
-                if tc.get("id"):
-                    assert call["id"] is None, "a call's id sent twice"
-                    call["id"] = "x"
-                fn = tc.get("function") or {}
-                if fn.get("name"):
-                    call["name"] = fn["name"]
-                call["args"] += fn.get("arguments") or ""
-            if c.get("logprobs"):
-                s["lp"] += c["logprobs"]["content"]
-            s["ids"] += c.get("token_ids") or []
-            if c.get("finish_reason"):
-                assert s["finish"] is None
-                s["finish"] = (c["finish_reason"], c.get("stop_reason"))
+        choices += chunk["choices"]
+    return choices, usage
+
+
+def chat_summary(raw: bytes) -> dict[str, Any]:
+    """What a chat stream adds up to, per choice."""
+    choices, usage = stream_choices(raw)
+    out: dict[int, dict[str, Any]] = {}
+    for c in choices:
+        s = out.setdefault(
+            c["index"],
+            {"content": "", "reasoning": "", "calls": {}, "lp": [], "ids": [], "finish": None},
+        )
+        d = c.get("delta", {})
+        s["content"] += d.get("content") or ""
+        s["reasoning"] += d.get("reasoning") or ""
+        for tc in d.get("tool_calls") or []:
+            call = s["calls"].setdefault(tc["index"], {"id": None, "name": None, "args": ""})
+            if tc.get("id"):
+                assert call["id"] is None, "a call's id sent twice"
+                call["id"] = "x"
+            fn = tc.get("function") or {}
+            if fn.get("name"):
+                call["name"] = fn["name"]
+            call["args"] += fn.get("arguments") or ""
+        if c.get("logprobs"):
+            s["lp"] += c["logprobs"]["content"]
+        s["ids"] += c.get("token_ids") or []
+        if c.get("finish_reason"):
+            assert s["finish"] is None
+            s["finish"] = (c["finish_reason"], c.get("stop_reason"))
     return {"choices": out, "usage": usage}
 
 
 def completion_summary(raw: bytes) -> dict[str, Any]:
-    chunks = sse_chunks(raw)
+    choices, usage = stream_choices(raw)
     out: dict[int, dict[str, Any]] = {}
-    usage = None
-    for chunk in chunks:
-        if chunk.get("usage") and not chunk["choices"]:
-            usage = chunk["usage"]
-        for c in chunk["choices"]:
-            s = out.setdefault(
-                c["index"], {"text": "", "tokens": [], "lps": [], "top": [], "off": [], "fin": None}
-            )
-            s["text"] += c["text"]
-            lp = c.get("logprobs")
-            if lp:
-                s["tokens"] += lp["tokens"]
-                s["lps"] += lp["token_logprobs"]
-                s["top"] += lp["top_logprobs"] or []
-                s["off"] += lp["text_offset"]
-            if c.get("finish_reason"):
-                s["fin"] = (c["finish_reason"], c.get("stop_reason"))
+    for c in choices:
+        s = out.setdefault(
+            c["index"], {"text": "", "tokens": [], "lps": [], "top": [], "off": [], "fin": None}
+        )
+        s["text"] += c["text"]
+        lp = c.get("logprobs")
+        if lp:
+            s["tokens"] += lp["tokens"]
+            s["lps"] += lp["token_logprobs"]
+            s["top"] += lp["top_logprobs"] or []
+            s["off"] += lp["text_offset"]
+        if c.get("finish_reason"):
+            s["fin"] = (c["finish_reason"], c.get("stop_reason"))
     return {"choices": out, "usage": usage}
 
 
